@@ -1,0 +1,3 @@
+"""ddtree: patch, deploy, benchmark and diagnose DDTree speculative decoding on SGLang."""
+
+__version__ = "0.1.0"

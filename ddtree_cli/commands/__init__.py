@@ -1,0 +1,13 @@
+"""Command modules: parse options, call the logic packages, print. One module per command.
+
+Each module defines ``register(app)``; list it in ``REGISTERED`` (one line per command,
+so parallel work on different commands does not collide).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import typer
+
+REGISTERED: list[Callable[[typer.Typer], None]] = []
