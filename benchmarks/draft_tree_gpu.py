@@ -19,6 +19,9 @@ and both against the reference heap's tree value. Times are medians of CUDA-even
 Usage: python benchmarks/draft_tree_gpu.py [--batches 1,8,32,64] [--budgets 16,...] [--json F]
 """
 
+# The breakdown's stage closures run within their own loop iteration.
+# ruff: noqa: B023
+
 from __future__ import annotations
 
 import argparse
@@ -231,6 +234,7 @@ def main() -> int:
     ap.add_argument("--ref-iters", type=int, default=5)
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--breakdown", action="store_true", help="time each stage alone (graph)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -240,6 +244,8 @@ def main() -> int:
     triton_ok = not args.no_triton and dt._triton_importable()
     rows = []
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton={triton_ok}")
+    if args.breakdown:
+        return breakdown(args, dev, gen, triton_ok)
     for b in [int(x) for x in args.batches.split(",")]:
         for budget in [int(x) for x in args.budgets.split(",")]:
             shape = (b, args.positions, args.vocab)
@@ -292,6 +298,41 @@ def main() -> int:
         }
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print_table(rows)
+    return 0
+
+
+def breakdown(args, dev, gen, triton_ok: bool) -> int:
+    """Graph-replay time of each stage of the round on its own."""
+    modes = [False, True] if triton_ok else [False]
+    for b in [int(x) for x in args.batches.split(",")]:
+        for budget in [int(x) for x in args.budgets.split(",")]:
+            shape = (b, args.positions, args.vocab)
+            logits = (torch.randn(shape, generator=gen) * 2.0).to(dev, torch.bfloat16)
+            roots = torch.randint(0, args.vocab, (b,), generator=gen).to(dev)
+            prefix = torch.full((b,), args.prefix, dtype=torch.int64, device=dev)
+            n = budget + 1
+            numel = b * n * (args.prefix + n)
+            lp, ids = dt.topk_logprobs(logits, budget)
+            tree = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
+            target = following_targets(tree, args.vocab, gen)
+            for tri in modes:
+                if tri:
+                    topk = lambda: dt._triton_topk_logprobs(logits, budget)  # noqa: E731
+                else:
+                    topk = lambda: dt.topk_logprobs(logits, budget)  # noqa: E731
+                stages = {
+                    "topk_lse": topk,
+                    "tree": lambda tri=tri: dt.build_tree_from_topk(
+                        lp, ids, budget, use_triton=tri
+                    ),
+                    "verify_inputs": lambda tri=tri: dt.verify_inputs(
+                        tree, roots, prefix, mask_numel=numel, use_triton=tri
+                    ),
+                    "walk": lambda tri=tri: dt.verify_walk(tree, target, use_triton=tri),
+                }
+                out = {k: round(time_graph(fn, args.iters), 1) for k, fn in stages.items()}
+                name = "triton" if tri else "torch"
+                print(json.dumps({"batch": b, "budget": budget, "path": name, **out}), flush=True)
     return 0
 
 
