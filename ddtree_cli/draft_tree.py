@@ -23,10 +23,12 @@ its parent or its previous sibling, so the ``B`` best nodes form a tree; it is t
 reference best-first heap pops (paper Prop. 2-3, ``build_ddtree_tree`` of liranringel/ddtree).
 
 Instead of a heap (``B`` sequential pops) the selection runs depth by depth (``L`` steps):
-``A_d``, the best ``B`` nodes of depth ``d``, is the top ``B`` of the children of ``A_{d-1}``.
-Only children ``(i, r)`` of the ``i``-th parent with rank ``r`` where ``(i+1)(r+1) <= B`` can
-make it (the others have ``B`` better candidates: the staircase), which leaves about
-``B ln B`` candidates per depth. The tree is then the top ``B`` of all ``A_d`` together.
+``A_d`` is the top ``B`` of the children of ``A_{d-1}``; by induction the tree's nodes of
+depth ``d`` are a prefix of it. Only children ``(i, r)`` of the ``i``-th parent with rank ``r``
+where ``(i+1)(r+2) <= B`` can be in the tree (a tree holding it also holds the
+``(i+1)(r+1)`` at least as good nodes ``(i' <= i, r' <= r)`` and their ``i+1`` parents: the
+staircase), which leaves fewer than ``B ln B`` candidates per depth. The tree is then the top
+``B`` of all ``A_d`` together.
 
 Ties are broken so that an ancestor always comes before its descendants: within a depth by
 (score desc, parent position asc, rank asc), across depths by (score desc, depth asc,
@@ -326,23 +328,28 @@ def _empty_tree(b: int, budget: int, n_pos: int, device: torch.device) -> DraftT
 
 
 @lru_cache(maxsize=64)
-def _staircase(budget: int, k: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Candidate (parent position, rank) pairs that can enter a depth's top ``budget``.
+def _staircase(budget: int, k: int, device: torch.device) -> tuple[Tensor, Tensor, int]:
+    """Candidate (parent position ``i``, rank ``r``) pairs worth scoring at depths >= 2.
 
-    Parents are sorted by score and ranks by log-prob, so candidate ``(i, r)`` is beaten by
-    all ``(i', r')`` with ``i' <= i, r' <= r``; it can only be among the best ``budget`` when
-    ``(i + 1)(r + 1) <= budget``. Ordered by (i, r): the tie-break order of a stable sort.
+    A tree node ``(i, r)`` comes with ``(i + 1)(r + 1)`` nodes of its depth that are at least
+    as good (``i' <= i, r' <= r``: parents and ranks are sorted) and with their ``i + 1``
+    parents, all of which the tree must then hold too: so ``(i + 1)(r + 2) <= budget``.
+    Ordered by (i, r), the tie-break order of a stable sort. Padded with (0, 0) to at least
+    ``budget`` entries; returns ``(cand_i, cand_r, number of real candidates)``.
     """
-    pairs = [(i, r) for i in range(budget) for r in range(min(k, budget // (i + 1)))]
+    pairs = [(i, r) for i in range(budget) for r in range(min(k, budget // (i + 1) - 1))]
+    real = len(pairs)
+    pairs += [(0, 0)] * max(0, budget - real)
     cand = torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2)
-    return cand[:, 0].contiguous().to(device), cand[:, 1].contiguous().to(device)
+    return cand[:, 0].contiguous().to(device), cand[:, 1].contiguous().to(device), real
 
 
 def _select_per_depth(lp: Tensor, budget: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``A_d`` for every depth: score, rank and parent position of its best ``budget`` nodes.
+    """``A_d`` for every depth: score, rank and parent position of ``budget`` candidates.
 
     Returns three ``[b, L, budget]`` tensors, each depth sorted by (score desc, parent asc,
-    rank asc); missing entries score ``-inf``.
+    rank asc); missing entries score ``-inf``. The nodes of depth ``d`` that belong to the
+    tree are a prefix of ``A_d``.
     """
     b, n_pos, kk = lp.shape
     device = lp.device
@@ -352,9 +359,10 @@ def _select_per_depth(lp: Tensor, budget: int) -> tuple[Tensor, Tensor, Tensor]:
     scores = [first]
     ranks = [torch.arange(budget, device=device).expand(b, budget)]
     parent_pos = [torch.full((b, budget), -1, dtype=torch.int64, device=device)]
-    cand_i, cand_r = _staircase(budget, kk, device)
+    cand_i, cand_r, real = _staircase(budget, kk, device)
+    padding = torch.arange(cand_i.numel(), device=device) >= real
     for d in range(1, n_pos):
-        cand = scores[-1][:, cand_i] + lp[:, d, cand_r]
+        cand = (scores[-1][:, cand_i] + lp[:, d, cand_r]).masked_fill(padding, _NEG_INF)
         # Stable: equal scores keep the (parent, rank) order of the candidate list.
         order = torch.sort(cand, dim=-1, descending=True, stable=True).indices[:, :budget]
         scores.append(cand.gather(1, order))
@@ -651,40 +659,77 @@ def _kernels():
     globals().update(_tt_pack=_tt_pack, _tt_index=_tt_index, _tt_value=_tt_value)
 
     @triton.jit
-    def vocab_partial(
-        logits, stride, vocab, pmax, psum, pkeys, n_chunks,
-        CHUNK: tl.constexpr, KP: tl.constexpr,
+    def vocab_stats(
+        logits, stride, vocab, cmax, n_max, pmax, psum, n_prog, count,
+        CH: tl.constexpr, G: tl.constexpr,
     ):  # fmt: skip
+        # Pass 1: the maximum of every CH-wide chunk, and a partial log-sum-exp.
         row = tl.program_id(0)
-        c = tl.program_id(1)
-        offs = c * CHUNK + tl.arange(0, CHUNK)
+        p = tl.program_id(1)
+        offs = p * (G * CH) + tl.arange(0, G)[:, None] * CH + tl.arange(0, CH)[None, :]
+        x = tl.load(
+            logits + row.to(tl.int64) * stride + offs, mask=offs < vocab, other=float("-inf")
+        )
+        x = x.to(tl.float32)
+        chunk_max = tl.max(x, 1)
+        chunk = p * G + tl.arange(0, G)
+        tl.store(cmax + row * n_max + chunk, chunk_max, mask=chunk < n_max)
+        mx = tl.max(chunk_max, 0)
+        safe = tl.where(mx == float("-inf"), 0.0, mx)
+        tl.store(pmax + row * n_prog + p, mx)
+        tl.store(psum + row * n_prog + p, tl.sum(tl.sum(tl.exp(x - safe), 1), 0))
+        if p == 0:
+            tl.store(count + row, 0)
+
+    @triton.jit
+    def vocab_filter(
+        logits, stride, vocab, cmax, n_max, count, cand, cap,
+        KP: tl.constexpr, MP: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        # Pass 2: keep every logit >= the KP-th largest chunk maximum (KP chunk maxima are
+        # at least that large, so the top KP all pass), appended to a per-row list.
+        row = tl.program_id(0)
+        p = tl.program_id(1)
+        mm = tl.arange(0, MP)
+        maxima = tl.load(cmax + row * n_max + mm, mask=mm < n_max, other=float("-inf"))
+        tau = tl.min(tl.topk(maxima, KP), 0)
+        tau = tl.where(n_max >= KP, tau, float("-inf"))
+        offs = p * BLOCK + tl.arange(0, BLOCK)
         inside = offs < vocab
         x = tl.load(logits + row.to(tl.int64) * stride + offs, mask=inside, other=float("-inf"))
         x = x.to(tl.float32)
-        mx = tl.max(x, 0)
-        safe = tl.where(mx == float("-inf"), 0.0, mx)
-        tl.store(pmax + row * n_chunks + c, mx)
-        tl.store(psum + row * n_chunks + c, tl.sum(tl.exp(x - safe), 0))
-        key = tl.where(inside, _tt_pack(x, offs), -1)
-        top = tl.topk(key, KP)
-        tl.store(pkeys + (row * n_chunks + c) * KP + tl.arange(0, KP), top)
+        keep = inside & (x >= tau)
+        n_keep = tl.sum(keep.to(tl.int32), 0)
+        base = tl.atomic_add(count + row, n_keep)
+        dst = base + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(cand + row * cap + dst, _tt_pack(x, offs), mask=keep & (dst < cap))
 
     @triton.jit
-    def vocab_merge(
-        logits, stride, pmax, psum, pkeys, n_chunks, lp_out, ids_out, k, floor,
-        CP: tl.constexpr, TOT: tl.constexpr, KP: tl.constexpr,
+    def vocab_select(
+        logits, stride, vocab, pmax, psum, n_prog, count, cand, cap, lp_out, ids_out, k, floor,
+        PP: tl.constexpr, CAPP: tl.constexpr, KP: tl.constexpr, FB: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0)
-        cc = tl.arange(0, CP)
-        cm = cc < n_chunks
-        pm = tl.load(pmax + row * n_chunks + cc, mask=cm, other=float("-inf"))
-        ps = tl.load(psum + row * n_chunks + cc, mask=cm, other=0.0)
+        pp = tl.arange(0, PP)
+        pm = tl.load(pmax + row * n_prog + pp, mask=pp < n_prog, other=float("-inf"))
+        ps = tl.load(psum + row * n_prog + pp, mask=pp < n_prog, other=0.0)
         mx = tl.max(pm, 0)
         safe = tl.where(mx == float("-inf"), 0.0, mx)
         lse = safe + tl.log(tl.sum(ps * tl.exp(pm - safe), 0))
-        t = tl.arange(0, TOT)
-        keys = tl.load(pkeys + row * n_chunks * KP + t, mask=t < n_chunks * KP, other=-1)
+        n_cand = tl.load(count + row)
+        t = tl.arange(0, CAPP)
+        keys = tl.load(cand + row * cap + t, mask=t < tl.minimum(n_cand, cap), other=-1)
         top = tl.topk(keys, KP)
+        if n_cand > cap:
+            # The list overflowed (very flat rows): an exact scan of the whole row instead.
+            top = tl.full([KP], -1, tl.int64)
+            for c0 in range(0, vocab, FB):
+                offs = c0 + tl.arange(0, FB)
+                inside = offs < vocab
+                x = tl.load(logits + row.to(tl.int64) * stride + offs, mask=inside, other=0.0)
+                key = tl.where(inside, _tt_pack(x.to(tl.float32), offs), -1)
+                both = tl.join(top, tl.topk(key, KP))
+                top = tl.topk(tl.reshape(both, [2 * KP]), KP)
         kk = tl.arange(0, KP)
         km = kk < k
         idx = tl.where(km, _tt_index(top), 0)
@@ -710,29 +755,29 @@ def _kernels():
         j = tl.arange(0, BP)
         jm = j < budget
         # A_1: the top ranks of position 1, children of the root.
-        tl.store(s_r + j, tl.load(lp_r + j, mask=j < k, other=float("-inf")), mask=jm)
+        a = tl.load(lp_r + j, mask=j < k, other=float("-inf"))
+        tl.store(s_r + j, a, mask=jm)
         tl.store(r_r + j, j, mask=jm)
         tl.store(p_r + j, j * 0 - 1, mask=jm)
         c = tl.arange(0, CP)
         cm = c < n_cand
-        ci = tl.load(cand_i + c, mask=cm, other=0)
-        cr = tl.load(cand_r + c, mask=cm, other=0)
+        ci = tl.load(cand_i + c, mask=cm, other=0).to(tl.int32)
+        cr = tl.load(cand_r + c, mask=cm, other=0).to(tl.int32)
         for d in range(1, n_pos):
-            tl.debug_barrier()
-            parent_score = tl.load(s_r + (d - 1) * budget + ci, mask=cm, other=float("-inf"))
             logp = tl.load(lp_r + d * k + cr, mask=cm, other=float("-inf"))
-            key = tl.where(cm, _tt_pack(parent_score + logp, c), -1)
-            top = tl.topk(key, BP)
-            pick = tl.where(jm, _tt_index(top), 0)
-            tl.store(s_r + d * budget + j, _tt_value(top), mask=jm)
-            tl.store(r_r + d * budget + j, tl.load(cand_r + pick, mask=jm, other=0), mask=jm)
-            tl.store(p_r + d * budget + j, tl.load(cand_i + pick, mask=jm, other=0), mask=jm)
+            score = tl.where(cm, tl.gather(a, ci, 0) + logp, float("-inf"))
+            top = tl.topk(_tt_pack(score, c), BP)
+            a = _tt_value(top)
+            pick = _tt_index(top).to(tl.int32)
+            tl.store(s_r + d * budget + j, a, mask=jm)
+            tl.store(r_r + d * budget + j, tl.gather(cr, pick, 0), mask=jm)
+            tl.store(p_r + d * budget + j, tl.gather(ci, pick, 0), mask=jm)
         tl.debug_barrier()
         # The global top `budget` over all depths, ties by (depth, position).
         f = tl.arange(0, LBP)
         fm = f < n_pos * budget
         all_s = tl.load(s_r + f, mask=fm, other=float("-inf"))
-        top = tl.topk(tl.where(fm, _tt_pack(all_s, f), -1), BP)
+        top = tl.topk(_tt_pack(tl.where(fm, all_s, float("-inf")), f), BP)
         val = _tt_value(top)
         flat = tl.where(jm, _tt_index(top), 0)
         valid = jm & (val > float("-inf"))
@@ -763,14 +808,16 @@ def _kernels():
         tl.debug_barrier()
         cols = tl.arange(0, NP)
         colm = cols < n
+        par = tl.load(parents + req * n + cols, mask=colm, other=-1)
+        up = tl.where(par >= 0, par, cols)  # the root and padding point at themselves
         for r0 in range(0, n_slots, RB):
             rows = r0 + tl.arange(0, RB)
             rm = rows < n
-            seen = rows[:, None] == cols[None, :]
-            anc = tl.load(parents + req * n + rows, mask=rm, other=-1)
+            anc = tl.minimum(rows, NP - 1)
+            seen = anc[:, None] == cols[None, :]
             for _ in range(n_pos):
+                anc = tl.gather(up, anc, 0)
                 seen = seen | (anc[:, None] == cols[None, :])
-                anc = tl.load(parents + req * n + anc, mask=anc >= 0, other=-1)
             out = vis + req * n * n + rows[:, None] * n + cols[None, :]
             tl.store(out, seen.to(tl.uint8), mask=rm[:, None] & colm[None, :])
 
@@ -818,7 +865,7 @@ def _kernels():
 
     @triton.jit
     def walk(
-        parents, depths, tokens, num_nodes, target, scratch, n,
+        parents, depths, tokens, num_nodes, target, n,
         accepted, accept_len, bonus,
         n_pos: tl.constexpr, NP: tl.constexpr, LP1: tl.constexpr,
     ):  # fmt: skip
@@ -831,14 +878,11 @@ def _kernels():
         nn = tl.load(num_nodes + req)
         at_parent = tl.load(target + req * n + par, mask=par >= 0, other=-1)
         match = ((tok == at_parent) & (par >= 0) & (cols <= nn)) | (cols == 0)
-        acc = match
-        tl.store(scratch + req * n + cols, acc.to(tl.int8), mask=colm)
+        up = tl.where(par >= 0, par, cols)
+        acc = match.to(tl.int32)
         for _ in range(n_pos):
-            tl.debug_barrier()
-            up = tl.load(scratch + req * n + par, mask=par >= 0, other=1)
-            acc = match & (up != 0)
-            tl.debug_barrier()
-            tl.store(scratch + req * n + cols, acc.to(tl.int8), mask=colm)
+            acc = match.to(tl.int32) & tl.gather(acc, up, 0)
+        acc = acc != 0
         key = tl.where(acc & colm, dep, -1)
         best = tl.max(key, 0)
         big = NP + 1
@@ -852,16 +896,21 @@ def _kernels():
         tl.store(accepted + req * (n_pos + 1) + lv, node, mask=lv < n_pos + 1)
 
     return {
-        "vocab_partial": vocab_partial,
-        "vocab_merge": vocab_merge,
+        "vocab_stats": vocab_stats,
+        "vocab_filter": vocab_filter,
+        "vocab_select": vocab_select,
         "tree": tree,
         "verify": verify,
         "walk": walk,
     }
 
 
-def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """:func:`topk_logprobs` in two launches: per chunk max, sum-exp and top-K; then merge."""
+def _triton_topk_logprobs(
+    draft_logits: Tensor, k: int, *, capacity: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """:func:`topk_logprobs` in three launches: chunk maxima and partial log-sum-exp; the
+    logits above a threshold that the top K must clear; the top K of those (an exact full
+    scan for a row whose list overflows ``capacity``, default ``8 * K``)."""
     b, n_pos, vocab = draft_logits.shape
     k = min(k, vocab)
     x = draft_logits.reshape(b * n_pos, vocab)
@@ -869,22 +918,31 @@ def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]
         x = x.contiguous()
     rows = b * n_pos
     kp = _pow2(k)
-    chunk = max(1024, 64 * kp)
-    n_chunks = -(-vocab // chunk)
+    ch, groups = 256, 16
+    block = ch * groups
+    n_max = -(-vocab // ch)
+    n_prog = -(-vocab // block)
+    cap = capacity if capacity is not None else max(256, 8 * kp)
     dev = x.device
-    pmax = torch.empty((rows, n_chunks), dtype=torch.float32, device=dev)
-    psum = torch.empty((rows, n_chunks), dtype=torch.float32, device=dev)
-    pkeys = torch.empty((rows, n_chunks, kp), dtype=torch.int64, device=dev)
+    cmax = torch.empty((rows, n_max), dtype=torch.float32, device=dev)
+    pmax = torch.empty((rows, n_prog), dtype=torch.float32, device=dev)
+    psum = torch.empty((rows, n_prog), dtype=torch.float32, device=dev)
+    count = torch.empty((rows,), dtype=torch.int32, device=dev)
+    cand = torch.empty((rows, cap), dtype=torch.int64, device=dev)
     lp = torch.empty((b, n_pos, k), dtype=torch.float32, device=dev)
     ids = torch.empty((b, n_pos, k), dtype=torch.int64, device=dev)
     kern = _kernels()
-    warps = 4 if chunk <= 2048 else (8 if chunk <= 8192 else 16)
-    kern["vocab_partial"][(rows, n_chunks)](
-        x, x.stride(0), vocab, pmax, psum, pkeys, n_chunks, CHUNK=chunk, KP=kp, num_warps=warps
-    )
-    kern["vocab_merge"][(rows,)](
-        x, x.stride(0), pmax, psum, pkeys, n_chunks, lp, ids, k, LOGPROB_FLOOR,
-        CP=_pow2(n_chunks), TOT=_pow2(n_chunks * kp), KP=kp, num_warps=8,
+    kern["vocab_stats"][(rows, n_prog)](
+        x, x.stride(0), vocab, cmax, n_max, pmax, psum, n_prog, count, CH=ch, G=groups,
+        num_warps=8,
+    )  # fmt: skip
+    kern["vocab_filter"][(rows, n_prog)](
+        x, x.stride(0), vocab, cmax, n_max, count, cand, cap,
+        KP=kp, MP=max(_pow2(n_max), kp), BLOCK=block, num_warps=8,
+    )  # fmt: skip
+    kern["vocab_select"][(rows,)](
+        x, x.stride(0), vocab, pmax, psum, n_prog, count, cand, cap, lp, ids, k, LOGPROB_FLOOR,
+        PP=_pow2(n_prog), CAPP=max(_pow2(cap), kp), KP=kp, FB=4096, num_warps=8,
     )  # fmt: skip
     return lp, ids
 
@@ -894,8 +952,7 @@ def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
     b, n_pos, k = lp.shape
     dev = lp.device
     n = budget + 1
-    cand_i, cand_r = _staircase(budget, k, dev)
-    n_cand = cand_i.numel()
+    cand_i, cand_r, n_cand = _staircase(budget, k, dev)
     lp = lp.contiguous()
     ids = ids.contiguous()
     s_buf = torch.empty((b, n_pos, budget), dtype=torch.float32, device=dev)
@@ -910,7 +967,7 @@ def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
     _kernels()["tree"][(b,)](
         lp, ids, k, cand_i, cand_r, n_cand, s_buf, r_buf, p_buf,
         tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8),
-        n_pos=n_pos, budget=budget, n_slots=n, BP=_pow2(budget), CP=_pow2(n_cand), LBP=_pow2(n_pos * budget), LP=_pow2(n_pos),
+        n_pos=n_pos, budget=budget, n_slots=n, BP=_pow2(budget), CP=_pow2(cand_i.numel()), LBP=_pow2(n_pos * budget), LP=_pow2(n_pos),
         NP=_pow2(n), RB=16, num_warps=8,
     )  # fmt: skip
     return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)
@@ -964,9 +1021,8 @@ def _triton_verify_walk(tree: DraftTree, target_tokens: Tensor) -> WalkResult:
     accepted = torch.empty((b, width), dtype=torch.int64, device=dev)
     accept_len = torch.empty((b,), dtype=torch.int64, device=dev)
     bonus = torch.empty((b,), dtype=torch.int64, device=dev)
-    scratch = torch.empty((b, n), dtype=torch.int8, device=dev)
     _kernels()["walk"][(b,)](
-        tree.parents, tree.depths, tree.tokens, tree.num_nodes, target, scratch, n,
+        tree.parents, tree.depths, tree.tokens, tree.num_nodes, target, n,
         accepted, accept_len, bonus,
         n_pos=tree.max_depth, NP=_pow2(n), LP1=_pow2(width), num_warps=4,
     )  # fmt: skip
