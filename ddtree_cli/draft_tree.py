@@ -809,7 +809,7 @@ def _kernels():
         cols = tl.arange(0, NP)
         colm = cols < n
         par = tl.load(parents + req * n + cols, mask=colm, other=-1)
-        up = tl.where(par >= 0, par, cols)  # the root and padding point at themselves
+        up = tl.where(par >= 0, par, cols).to(tl.int32)  # root and padding: themselves
         for r0 in range(0, n_slots, RB):
             rows = r0 + tl.arange(0, RB)
             rm = rows < n
