@@ -277,6 +277,10 @@ def build_tree(draft_logits: Tensor, budget: int, *, use_triton: bool | None = N
     ``use_triton``: None picks the fused Triton kernels when the logits are on CUDA and Triton
     imports (set ``DDTREE_DISABLE_TRITON=1`` to opt out); False forces the PyTorch path.
     Both return the same trees (equal-score ties may resolve differently).
+
+    The first call for a given (budget, K, device) puts a small index table on the device
+    and the first Triton call compiles the kernels: make one call before capturing a CUDA
+    graph.
     """
     if draft_logits.dim() != 3:
         raise ValueError(
@@ -988,6 +992,11 @@ def _triton_build_tree(draft_logits: Tensor, budget: int) -> DraftTree:
     return _triton_tree_from_topk(lp, ids, budget)
 
 
+def _dense(*tensors: Tensor) -> list[Tensor]:
+    """The kernels index rows by shape: trees made elsewhere may hold strided views."""
+    return [t.to(torch.int64).contiguous() for t in tensors]
+
+
 def _triton_verify_inputs(
     tree: DraftTree, root_tokens: Tensor, prefix_lens: Tensor, mask_numel: int
 ) -> VerifyInputs:
@@ -1003,7 +1012,8 @@ def _triton_verify_inputs(
     mask = torch.zeros((mask_numel,), dtype=torch.bool, device=dev)
     indptr = torch.empty((b + 1,), dtype=torch.int64, device=dev)
     _kernels()["verify"][(b, n)](
-        tree.parents, tree.depths, tree.tokens, tree.num_nodes, tree.visibility.view(torch.uint8),
+        *_dense(tree.parents, tree.depths, tree.tokens, tree.num_nodes),
+        tree.visibility.contiguous().view(torch.uint8),
         roots, prefix, b, n, out["input_ids"], out["positions"], mask.view(torch.uint8), indptr,
         out["next_token"], out["next_sibling"], out["retrieve_index"],
         NP=_pow2(n), BBP=_pow2(b + 1), MB=1024, num_warps=4,
@@ -1028,7 +1038,7 @@ def _triton_verify_walk(tree: DraftTree, target_tokens: Tensor) -> WalkResult:
     accept_len = torch.empty((b,), dtype=torch.int64, device=dev)
     bonus = torch.empty((b,), dtype=torch.int64, device=dev)
     _kernels()["walk"][(b,)](
-        tree.parents, tree.depths, tree.tokens, tree.num_nodes, target, n,
+        *_dense(tree.parents, tree.depths, tree.tokens, tree.num_nodes), target, n,
         accepted, accept_len, bonus,
         n_pos=tree.depth_limit, NP=_pow2(n), LP1=_pow2(width), num_warps=4,
     )  # fmt: skip
