@@ -119,6 +119,9 @@ class Engine:
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.seqs: list[Sequence] = []
         self.draft_hook: DraftHook | None = None
+        # Lifetime counters over request-rounds (speculative modes): SGLang's definitions.
+        self.total_rounds = 0
+        self.total_accepted = 0
         self.mask_id = pair.drafter.config.mask_token_id
         self._arange = torch.arange(self.capacity, device=self.device)
         if algo == "ddtree":
@@ -266,11 +269,20 @@ class Engine:
                 seq.verify_ct += 1
                 seq.correct_drafts += n - 1
                 seq.accepted_tokens += n
+                self.total_rounds += 1
+                self.total_accepted += n
             results.append((seq, seq.commit(row[1 : 1 + n])))
         for row in reversed(range(len(self.seqs))):
             if self.seqs[row].finished:
                 self._remove(row)
         return results
+
+    def drop(self, seq: Sequence) -> None:
+        """Remove an unfinished sequence (its client went away)."""
+        for row, active in enumerate(self.seqs):
+            if active is seq:
+                self._remove(row)
+                return
 
     def _remove(self, row: int) -> None:
         last = len(self.seqs) - 1
