@@ -234,6 +234,7 @@ def meta_info(rid: str, seq: Sequence, spec: SpecInfo, e2e_latency: float | None
             info["spec_num_correct_drafts"] = seq.correct_drafts
             info["spec_num_proposed_drafts"] = proposed
             info["spec_verify_ct"] = seq.verify_ct
+            info["spec_correct_drafts_histogram"] = list(seq.correct_drafts_histogram)
     return info
 
 

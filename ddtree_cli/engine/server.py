@@ -44,6 +44,9 @@ class ServeOptions:
     max_running_requests: int = 8
     context_length: int = 2048
     seed: int = 0
+    # CPU threads for torch; 1 suits the small default model and several servers sharing a
+    # machine (OpenMP spin-waiting makes oversubscribed threads very slow). 0: torch's default.
+    threads: int = 1
 
     def validate(self) -> None:
         if self.algo not in ("ar", "dflash", "ddtree"):
@@ -58,6 +61,8 @@ class ServeOptions:
             raise ConfigError(f"unknown --dtype {self.dtype!r}")
         if self.max_running_requests < 1:
             raise ConfigError("--max-running-requests must be at least 1")
+        if self.threads < 0:
+            raise ConfigError(f"--threads must be >= 0, got {self.threads}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"--port {self.port} is not a TCP port")
 
@@ -67,6 +72,8 @@ def build_engine(opts: ServeOptions) -> Engine:
 
     if opts.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {opts.device}: CUDA is not available here")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     pair = load_pair(opts.model) if opts.model else random_pair(seed=opts.seed)
     engine = Engine(
         pair,
@@ -176,6 +183,7 @@ class EngineServer:
                     "last_gen_throughput": self.scheduler.last_throughput,
                     "num_running_reqs": self.scheduler.num_running,
                     "num_queue_reqs": self.scheduler.num_waiting,
+                    "max_running_reqs_seen": stats.max_running,
                 }
             ],
             "version": __version__,
