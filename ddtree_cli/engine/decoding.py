@@ -78,7 +78,7 @@ class Engine:
         block_size: int | None = None,
         budget: int | None = None,
         max_batch: int = 8,
-        context_len: int = 2048,
+        context_len: int | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
@@ -100,13 +100,14 @@ class Engine:
             raise ConfigError(f"budget {self.budget} must be at least 1")
         self.width = {"ar": 1, "dflash": self.block_size, "ddtree": self.budget + 1}[algo]
         self.max_batch = max_batch
-        self.context_len = context_len
-        # Room for a verify block past the longest allowed sequence.
-        self.capacity = context_len + self.width + self.block_size
         max_pos = pair.target.config.max_position_embeddings
+        # Room for a verify block past the longest allowed sequence.
+        headroom = self.width + self.block_size
+        self.context_len = context_len if context_len is not None else max_pos - headroom
+        self.capacity = self.context_len + headroom
         if self.capacity > max_pos:
             raise ConfigError(
-                f"context length {context_len} needs positions up to {self.capacity}, "
+                f"context length {self.context_len} needs positions up to {self.capacity}, "
                 f"the model has {max_pos}"
             )
         self.cache = self.target.new_cache(max_batch, self.capacity, self.device, dtype)
@@ -133,9 +134,6 @@ class Engine:
             self._tree = draft_tree
 
     # ---- admission -------------------------------------------------------------------
-
-    def max_prompt_len(self, max_new_tokens: int) -> int:
-        return self.context_len - max_new_tokens
 
     def check(self, seq: Sequence) -> None:
         """Raise ConfigError if ``seq`` can never run on this engine."""

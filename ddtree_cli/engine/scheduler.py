@@ -128,8 +128,12 @@ class Scheduler:
     def _run(self) -> None:
         try:
             self.engine = self._build_engine()
-        except Exception as exc:  # the server reports it on /health and exits
-            self.failed = str(exc) if isinstance(exc, DdtreeError) else repr(exc)
+        except DdtreeError as exc:  # the server reports it on /health and exits
+            self.failed = exc.message
+            self.ready.set()
+            return
+        except Exception as exc:
+            self.failed = repr(exc)
             log.exception("engine failed to start")
             self.ready.set()
             return

@@ -42,7 +42,7 @@ class ServeOptions:
     device: str = "cpu"
     dtype: str = "float32"
     max_running_requests: int = 8
-    context_length: int = 2048
+    context_length: int | None = None  # default: what the model's positions allow
     seed: int = 0
     # CPU threads for torch; 1 suits the small default model and several servers sharing a
     # machine (OpenMP spin-waiting makes oversubscribed threads very slow). 0: torch's default.
@@ -61,6 +61,8 @@ class ServeOptions:
             raise ConfigError(f"unknown --dtype {self.dtype!r}")
         if self.max_running_requests < 1:
             raise ConfigError("--max-running-requests must be at least 1")
+        if self.context_length is not None and self.context_length < 2:
+            raise ConfigError(f"--context-length must be at least 2, got {self.context_length}")
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
         if not 0 <= self.port < 65536:

@@ -9,12 +9,24 @@ from ddtree_cli.engine.decoding import Engine, generate
 from ddtree_cli.engine.weights import ModelPair, random_pair
 
 TINY_TARGET = TargetConfig(
-    vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+    vocab_size=260,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=1024,
 )
 TINY_DRAFT = DraftConfig(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, vocab_size=260, target_layer_ids=(0, 2),
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=260,
+    target_layer_ids=(0, 2),
 )
 
 

@@ -44,8 +44,7 @@ CASES = [
 
 
 def run(algo, batch, block, budget, probs, prompts=PROMPTS, max_new=MAX_NEW, stops=frozenset()):
-    engine = Engine(PAIR, algo, block_size=block, budget=budget, max_batch=batch,
-                    context_len=256)
+    engine = Engine(PAIR, algo, block_size=block, budget=budget, max_batch=batch, context_len=256)
     if probs is not None:
         engine.draft_hook = PeakedDraftHook(REFS, probs, seed=batch)
     return generate(engine, prompts, max_new, stop_ids=stops)
@@ -100,8 +99,9 @@ def test_stop_tokens_end_output_exactly(algo):
 def test_greedy_rows_stay_exact_next_to_sampled_rows():
     engine = Engine(PAIR, "ddtree", budget=15, max_batch=6, context_len=256)
     engine.draft_hook = PeakedDraftHook(REFS, (0.8, 0.2, 0.0))
-    seqs = [Sequence(p, MAX_NEW, temperature=0.0 if i % 2 else 1.0)
-            for i, p in enumerate(PROMPTS[:6])]
+    seqs = [
+        Sequence(p, MAX_NEW, temperature=0.0 if i % 2 else 1.0) for i, p in enumerate(PROMPTS[:6])
+    ]
     for s in seqs:
         engine.add(s)
     while engine.seqs:

@@ -36,8 +36,13 @@ def test_tree_block_under_ancestor_mask_matches_each_path_run_causally():
     cache = target.new_cache(1, p + n, "cpu", torch.float32)
     with torch.no_grad():
         pos = torch.arange(p).unsqueeze(0)
-        target(torch.tensor([prefix]), pos, cache, pos,
-               (pos.unsqueeze(-1) >= pos.unsqueeze(-2)).unsqueeze(1))
+        target(
+            torch.tensor([prefix]),
+            pos,
+            cache,
+            pos,
+            (pos.unsqueeze(-1) >= pos.unsqueeze(-2)).unsqueeze(1),
+        )
         root = 7
         ids = torch.cat([torch.tensor([[root]]), tree.tokens], 1)
         positions = p + tree.depths
@@ -98,18 +103,36 @@ def test_checkpoint_names_follow_hf_qwen3_and_sglang_dflash():
     target_names = set(pair.target.state_dict())
     assert "model.embed_tokens.weight" in target_names
     assert "model.norm.weight" in target_names
-    for suffix in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                   "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj",
-                   "mlp.down_proj", "input_layernorm", "post_attention_layernorm"):
+    for suffix in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "self_attn.q_norm",
+        "self_attn.k_norm",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "input_layernorm",
+        "post_attention_layernorm",
+    ):
         assert f"model.layers.0.{suffix}.weight" in target_names
     assert pair.target.lm_head.weight is pair.target.model.embed_tokens.weight  # tied
     draft_names = set(pair.drafter.state_dict())
-    assert {"fc.weight", "hidden_norm.weight", "norm.weight",
-            "layers.0.self_attn.q_norm.weight", "layers.0.mlp.gate_proj.weight"} <= draft_names
+    assert {
+        "fc.weight",
+        "hidden_norm.weight",
+        "norm.weight",
+        "layers.0.self_attn.q_norm.weight",
+        "layers.0.mlp.gate_proj.weight",
+    } <= draft_names
     assert not any(n.startswith(("embed_tokens", "lm_head")) for n in draft_names)
     assert pair.drafter.fc.weight.shape == (64, 2 * 64)  # fc over the target layers' features
     hf = pair.drafter.config.to_hf()
     assert hf["architectures"] == ["DFlashDraftModel"]
-    assert hf["dflash_config"] == {"block_size": 16, "mask_token_id": 257,
-                                   "target_layer_ids": [0, 2]}
+    assert hf["dflash_config"] == {
+        "block_size": 16,
+        "mask_token_id": 257,
+        "target_layer_ids": [0, 2],
+    }
     assert pair.target.config.to_hf()["architectures"] == ["Qwen3ForCausalLM"]

@@ -53,8 +53,7 @@ def chi_square_p_value(counts: dict, expected_probs: dict, n: int) -> float:
 
 
 def draw(algo: str, temperature: float, budget: int | None = None) -> tuple[dict, Engine]:
-    engine = Engine(PAIR, algo, block_size=4, budget=budget, max_batch=400, context_len=16,
-                    seed=11)
+    engine = Engine(PAIR, algo, block_size=4, budget=budget, max_batch=400, context_len=16, seed=11)
     seqs = generate(engine, [PROMPT] * DRAWS, DEPTH, temperature=temperature)
     counts: dict[tuple[int, ...], int] = {}
     for s in seqs:
