@@ -231,7 +231,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(status, {"error": {"message": message, "code": status}})
 
     def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise protocol.BadRequest("invalid Content-Length header") from None
         raw = self.rfile.read(length) if length else b""
         try:
             return json.loads(raw or b"null")

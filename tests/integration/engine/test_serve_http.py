@@ -182,6 +182,7 @@ BAD = [
     ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 10_000}}, None),
     ("/generate", {"text": ["a", "b"], "stream": True}, None),
     ("/generate", [1, 2], None),
+    ("/generate", {"text": "a", "return_logprob": True}, None),
     ("/v1/completions", {"max_tokens": 3}, None),
     ("/v1/completions", {"prompt": "a", "stop": ["\n"]}, None),
 ]
