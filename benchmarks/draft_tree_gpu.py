@@ -184,6 +184,9 @@ def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel
     assert torch.allclose(lp_t, lp_p, atol=1e-5), "top-K log-probs"
     # Equal bf16 logits may come in another order; the values at the ids must agree.
     assert torch.equal(logits.gather(-1, ids_t), logits.gather(-1, ids_p)), "top-K ids"
+    # A candidate list too small for the row forces the exact full-scan fallback.
+    lp_o, ids_o = dt._triton_topk_logprobs(logits, budget, capacity=max(1, budget // 2))
+    assert torch.equal(lp_o, lp_t) and torch.equal(ids_o, ids_t), "overflow fallback"
     tt = dt.build_tree_from_topk(lp_p, ids_p, budget, use_triton=True)
     tp = dt.build_tree_from_topk(lp_p, ids_p, budget, use_triton=False)
     for name in ("tokens", "parents", "depths", "visibility", "num_nodes", "scores"):

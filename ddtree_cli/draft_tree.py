@@ -99,8 +99,9 @@ class DraftTree:
             ``q`` or one of its ancestors. Padding rows hold only themselves.
         num_nodes: int64 ``[b]``, drafted nodes per request; slots ``> num_nodes`` are padding.
         scores: float32 ``[b, N]``, log of the draft probability of each node's path (root 0,
-            padding ``-inf``).
-        max_depth: the number of drafted positions ``L``; no node is deeper.
+            padding ``-inf``); None when the tree was made elsewhere.
+        max_depth: the number of drafted positions ``L``; no node is deeper. None (a tree made
+            elsewhere) means "up to the budget": the walk's outputs are then ``N`` wide.
     """
 
     tokens: Tensor
@@ -108,8 +109,8 @@ class DraftTree:
     depths: Tensor
     visibility: Tensor
     num_nodes: Tensor
-    scores: Tensor
-    max_depth: int
+    scores: Tensor | None = None
+    max_depth: int | None = None
 
     @property
     def budget(self) -> int:
@@ -118,6 +119,11 @@ class DraftTree:
     @property
     def num_slots(self) -> int:
         return self.tokens.shape[1] + 1
+
+    @property
+    def depth_limit(self) -> int:
+        """``max_depth`` when known, else the budget (no tree is deeper than its node count)."""
+        return self.budget if self.max_depth is None else self.max_depth
 
 
 @dataclass
@@ -544,7 +550,7 @@ def verify_walk(
     is_node = (tree.parents >= 0) & (slots <= tree.num_nodes.unsqueeze(1))
     drafted = torch.cat([tree.tokens.new_zeros((b, 1)), tree.tokens], 1)
     accepted_mask = ((drafted == target.gather(1, jump)) & is_node) | (slots == 0)
-    for _ in range(_jump_steps(tree.max_depth)):
+    for _ in range(_jump_steps(tree.depth_limit)):
         accepted_mask = accepted_mask & accepted_mask.gather(1, jump)
         jump = jump.gather(1, jump)
 
@@ -552,7 +558,7 @@ def verify_walk(
     last = depth_key.argmax(1, keepdim=True)
     accept_len = tree.depths.gather(1, last).squeeze(1) + 1
     bonus = target.gather(1, last).squeeze(1)
-    levels = torch.arange(tree.max_depth + 1, device=device).view(1, -1, 1)
+    levels = torch.arange(tree.depth_limit + 1, device=device).view(1, -1, 1)
     at_level = (tree.depths.unsqueeze(1) == levels) & accepted_mask.unsqueeze(1)
     node = torch.where(at_level, slots.unsqueeze(1), n).amin(-1)
     return WalkResult(accepted=torch.where(node == n, -1, node), accept_len=accept_len, bonus=bonus)
@@ -809,7 +815,7 @@ def _kernels():
         cols = tl.arange(0, NP)
         colm = cols < n
         par = tl.load(parents + req * n + cols, mask=colm, other=-1)
-        up = tl.where(par >= 0, par, cols)  # the root and padding point at themselves
+        up = tl.where(par >= 0, par, cols).to(tl.int32)  # root and padding: themselves
         for r0 in range(0, n_slots, RB):
             rows = r0 + tl.arange(0, RB)
             rm = rows < n
@@ -1017,13 +1023,13 @@ def _triton_verify_walk(tree: DraftTree, target_tokens: Tensor) -> WalkResult:
     b, n = tree.parents.shape
     dev = tree.parents.device
     target = target_tokens.to(device=dev, dtype=torch.int64).contiguous()
-    width = tree.max_depth + 1
+    width = tree.depth_limit + 1
     accepted = torch.empty((b, width), dtype=torch.int64, device=dev)
     accept_len = torch.empty((b,), dtype=torch.int64, device=dev)
     bonus = torch.empty((b,), dtype=torch.int64, device=dev)
     _kernels()["walk"][(b,)](
         tree.parents, tree.depths, tree.tokens, tree.num_nodes, target, n,
         accepted, accept_len, bonus,
-        n_pos=tree.max_depth, NP=_pow2(n), LP1=_pow2(width), num_warps=4,
+        n_pos=tree.depth_limit, NP=_pow2(n), LP1=_pow2(width), num_warps=4,
     )  # fmt: skip
     return WalkResult(accepted=accepted, accept_len=accept_len, bonus=bonus)
