@@ -11,3 +11,4 @@ from collections.abc import Callable
 import typer
 
 REGISTERED: list[Callable[[typer.Typer], None]] = []
+from ddtree_cli.commands.patch import register as _patch; REGISTERED.append(_patch)  # noqa: E402, E702, I001
