@@ -110,7 +110,7 @@ def patch(
             emit_json(out)
         else:
             for f in result.files:
-                if f.state is not engine.State.APPLIED:
+                if f.state is engine.State.DRIFTED:
                     err_console.print(f"  {f.state.value:<8} {f.path} {f.detail}")
             console.print(f"{snap.root}: sglang {snap.version} is [bold]{result.state.value}[/]")
         raise typer.Exit(int(engine.CHECK_EXIT[result.state]))
