@@ -49,9 +49,9 @@ are raised to it, so they stay orderable and are drafted only when nothing bette
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
 
 import torch
 from torch import Tensor
