@@ -90,9 +90,11 @@ def patch(
     if fetch_version is not None:
         if snapshot_path is not None:
             raise DdtreeError("give either SNAPSHOT or --fetch, not both", exit_code=ExitCode.USAGE)
-        if not json_out:
-            info(f"Downloading sglang {fetch_version} from the package index…")
-        snapshot_path = fetch.fetch(fetch_version, into)
+        if json_out or not err_console.is_terminal:
+            snapshot_path = fetch.fetch(fetch_version, into)
+        else:
+            with err_console.status(f"Fetching sglang {fetch_version} from the package index…"):
+                snapshot_path = fetch.fetch(fetch_version, into)
         out["fetched"] = str(snapshot_path)
         if not (check or dry_run or revert or export):
             # Fetching alone prepares a pristine snapshot; patching is the next explicit step.
