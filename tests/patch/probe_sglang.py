@@ -276,6 +276,177 @@ out["capture_dummy"] = {
 if not V2:
     out["prepare_page_size_4"] = error_of(lambda: vi.prepare_for_verify(types.SimpleNamespace(), 4))
 
+
+# --- one verify round end to end on CPU, with stand-ins only for the GPU: the CUDA
+# greedy-verify op (replaced by SGLang's Triton kernel on 0.5.23, by the transcription on
+# 0.5.13, where the op exists only in sgl_kernel), the KV allocator and the requests.
+# SGLang's Triton bookkeeping kernels run for real in the Triton interpreter.
+def greedy_standin(predicts, accept_index, accept_token_num, candidates, retrieve_index,
+                   retrieve_next_token, retrieve_next_sibling, target_predict, **_):  # fmt: skip
+    if V2:
+        accept = triton_walk(candidates, retrieve_index, retrieve_next_token,
+                             retrieve_next_sibling, target_predict)  # fmt: skip
+    else:
+        accept = kernel_walk(candidates, retrieve_index, retrieve_next_token,
+                             retrieve_next_sibling, target_predict.reshape(-1))  # fmt: skip
+    accept_index.copy_(accept.to(accept_index.dtype))
+    accept_token_num.copy_(((accept >= 0).sum(1) - 1).to(accept_token_num.dtype))
+    flat = target_predict.reshape(-1)
+    for row in accept[accept >= 0].tolist():
+        predicts[row] = flat[row]
+    return predicts, accept_index, accept_token_num
+
+
+class FakeReq:
+    """The Req fields a verify round touches; finishes after max_new_tokens outputs."""
+
+    def __init__(self, max_new_tokens):
+        self.output_ids, self.max_new_tokens, self.grammar = [], max_new_tokens, None
+        self.spec_verify_ct = self.spec_num_correct_drafts = 0
+        self.kv_committed_len = self.kv_allocated_len = 0
+        self._finished = False
+
+    def update_finish_state(self):
+        self._finished = len(self.output_ids) >= self.max_new_tokens
+
+    def finished(self):
+        return self._finished
+
+
+class FakeAllocator:
+    def __init__(self):
+        self.freed, self.moves = [], []
+
+    def free(self, slots):
+        self.freed.extend(slots.tolist())
+
+    def get_kvcache(self):
+        return self
+
+    def move_kv_cache(self, tgt, src):
+        self.moves.append((tgt.tolist(), src.tolist()))
+
+
+bs, d, vocab, hidden_size = 3, 16, 48, 8
+tree = ddtree_tree.build_tree(torch.randn(bs, d - 1, vocab, generator=gen) * 4.0, d - 1)
+prefix = torch.tensor([4, 9, 0], dtype=torch.int32)
+roots = torch.tensor([1, 2, 3])
+vi = VerifyInput.from_tree(tree, roots, prefix)
+candidates = vi.draft_token.view(bs, d)
+target = torch.randint(0, vocab, (bs, d), generator=gen)
+for b in range(bs):
+    node = int(torch.argmax(tree.depths[b]))
+    while node > 0:
+        parent = int(tree.parents[b, node])
+        target[b, parent] = candidates[b, node]
+        node = parent
+logits = torch.full((bs * d, vocab), -10.0)
+logits[torch.arange(bs * d), target.reshape(-1)] = 10.0
+hidden = torch.randn(bs * d, hidden_size, generator=gen)
+walk = ddtree_tree.verify_walk(tree, target)
+expected_tokens = ddtree_tree.committed_tokens(tree, walk)
+window = torch.arange(100, 100 + bs * d, dtype=torch.int64)
+allocator = FakeAllocator()
+round_facts = {"walk_accept_len": walk.accept_len.tolist()}
+
+if V2:
+    from sglang.kernels.ops.speculative import spec_tree
+
+    spec_tree.verify_tree_greedy_func = greedy_standin
+    worker = TreeWorker.__new__(TreeWorker)
+    worker.block_size = d
+    worker._target_worker = types.SimpleNamespace(
+        model_runner=types.SimpleNamespace(token_to_kv_pool_allocator=allocator)
+    )
+    worker._tree, worker._verify_input, worker._accept_rows = tree, vi, None
+    worker._verify_batch = types.SimpleNamespace(
+        seq_lens=prefix.to(torch.int64), out_cache_loc=window.clone()
+    )
+    accept_len, commit_lens, bonus, out_tokens, new_seq_lens = worker._accept_block(
+        candidates=candidates, next_token_logits=logits, sampling_info=None,
+        draft_input=None, prefix_lens=prefix.to(torch.int64), bs=bs,
+    )  # fmt: skip
+    moved_hidden = worker._committed_target_hidden(hidden)
+    round_facts.update(
+        commit_lens=commit_lens.tolist(),
+        accept_len=accept_len.tolist(),
+        bonus=bonus.tolist(),
+        walk_bonus=walk.bonus.tolist(),
+        new_seq_lens=new_seq_lens.tolist(),
+        tokens_ok=all(
+            out_tokens[b, : int(commit_lens[b])].tolist()
+            == expected_tokens[b, : int(commit_lens[b])].tolist()
+            for b in range(bs)
+        ),
+        moves=allocator.moves,
+        expected_moves=[
+            sum((window.view(bs, d)[b, : int(walk.accept_len[b])].tolist() for b in range(bs)), []),
+            sum(
+                (
+                    window.view(bs, d)[b, walk.accepted[b, : int(walk.accept_len[b])]].tolist()
+                    for b in range(bs)
+                ),
+                [],
+            ),
+        ],  # fmt: skip
+        hidden_ok=all(
+            torch.equal(moved_hidden[b * d + k], hidden[b * d + int(walk.accepted[b, k])])
+            for b in range(bs)
+            for k in range(int(walk.accept_len[b]))
+        ),
+    )
+else:
+    from sglang.srt.speculative import eagle_utils
+
+    eagle_utils.verify_tree_greedy_func = greedy_standin
+    reqs = [FakeReq(100), FakeReq(100), FakeReq(2)]  # the third finishes after 2 tokens
+    req_to_token = torch.zeros((4, 64), dtype=torch.int32)
+    pool_rows = torch.tensor([2, 0, 3])
+    batch = types.SimpleNamespace(
+        forward_mode=types.SimpleNamespace(is_idle=lambda: False),
+        batch_size=lambda: bs, sampling_info=None, reqs=reqs, device="cpu",
+        out_cache_loc=window.clone(), token_to_kv_pool_allocator=allocator,
+        req_pool_indices=pool_rows, req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
+        seq_lens=prefix.clone(), seq_lens_cpu=prefix.clone(), seq_lens_sum=int(prefix.sum()),
+    )  # fmt: skip
+    logits_output = types.SimpleNamespace(next_token_logits=logits, hidden_states=hidden)
+    bonus, commit_lens, next_hidden, num_correct = vi.verify(
+        batch=batch, logits_output=logits_output, page_size=1
+    )
+    kept, expected_kv, expected_hidden = [], [], []
+    for b in range(bs):
+        n = int(commit_lens[b])
+        rows = (walk.accepted[b, :n] + b * d).tolist()
+        kept += rows
+        expected_kv.append(window[rows].tolist())
+        expected_hidden.append(hidden[rows])
+    round_facts.update(
+        commit_lens=commit_lens.tolist(),
+        num_correct=num_correct,
+        appended=[r.output_ids for r in reqs],
+        expected_appended=[
+            expected_tokens[b, : int(walk.accept_len[b])].tolist()[: reqs[b].max_new_tokens]
+            for b in range(bs)
+        ],
+        bonus=bonus.tolist(),
+        kv_rows=[
+            req_to_token[
+                int(pool_rows[b]), int(prefix[b]) : int(prefix[b]) + int(commit_lens[b])
+            ].tolist()
+            for b in range(bs)
+        ],
+        expected_kv=expected_kv,
+        freed=sorted(allocator.freed),
+        expected_freed=sorted(set(window.tolist()) - set(window[kept].tolist())),
+        seq_lens=batch.seq_lens.tolist(),
+        seq_lens_cpu=batch.seq_lens_cpu.tolist(),
+        seq_lens_sum=batch.seq_lens_sum,
+        hidden_ok=torch.equal(next_hidden, torch.cat(expected_hidden)),
+        verify_ct=[r.spec_verify_ct for r in reqs],
+        correct_drafts=[r.spec_num_correct_drafts for r in reqs],
+    )
+out["verify_round"] = round_facts
+
 # --- request validation (a stand-in request: validation reads two attributes)
 from sglang.srt.speculative.ddtree_utils import validate_ddtree_request  # noqa: E402
 

@@ -134,3 +134,42 @@ def test_request_validation_and_hidden_state_relay(probe):
     assert "grammar-constrained" in validate["json_schema"]
     if version == "0.5.23":
         assert facts["spec_need_hidden_states"] is False
+
+
+def test_verify_round_commits_the_accepted_path(probe):
+    """One verify round through the patched glue, checked against ddtree_tree's walk.
+
+    GPU-only pieces are stand-ins (the CUDA verify op, the KV allocator, the requests);
+    SGLang's Triton bookkeeping kernels run for real in the Triton interpreter.
+    """
+    version, facts = probe
+    r = facts["verify_round"]
+    assert max(r["walk_accept_len"]) > 2  # the target followed a path below the root
+    if version == "0.5.13":
+        # The third request finishes after 2 tokens: its commit stops there.
+        assert r["commit_lens"] == [*r["walk_accept_len"][:2], 2]
+        assert r["appended"] == r["expected_appended"]
+        assert r["num_correct"] == [n - 1 for n in r["commit_lens"]] == r["correct_drafts"]
+        assert r["bonus"] == [tokens[-1] for tokens in r["appended"]]
+        assert r["kv_rows"] == r["expected_kv"]  # req_to_token points at the accepted slots
+        assert r["freed"] == r["expected_freed"]  # and every other slot is freed
+        prefix = [4, 9, 0]
+        assert (
+            r["seq_lens"]
+            == r["seq_lens_cpu"]
+            == [p + n for p, n in zip(prefix, r["commit_lens"], strict=True)]
+        )
+        assert r["seq_lens_sum"] == sum(r["seq_lens"])
+        assert r["verify_ct"] == [1, 1, 1]
+    else:
+        assert r["commit_lens"] == r["walk_accept_len"]
+        assert r["accept_len"] == [n - 1 for n in r["commit_lens"]]
+        assert r["bonus"] == r["walk_bonus"] and r["tokens_ok"]
+        assert r["new_seq_lens"] == [
+            p + n for p, n in zip([4, 9, 0], r["commit_lens"], strict=True)
+        ]
+        ((tgt, src),) = r["moves"]  # one move of the accepted KV to the window fronts
+        n = len(r["expected_moves"][0])
+        assert [tgt[:n], src[:n]] == r["expected_moves"]
+        assert set(tgt[n:]) <= {0} and set(src[n:]) <= {0}  # SGLang pads with slot 0
+    assert r["hidden_ok"]  # the draft KV is materialised from the accepted rows
