@@ -363,8 +363,7 @@ def revert(snapshot: Snapshot, *, force: bool = False) -> RevertResult:
     manifest = _manifest(snapshot)
     result = RevertResult(snapshot)
     if manifest is None:
-        result.nothing_to_do = True
-        return result
+        return _revert_without_state(snapshot, result)
     originals_dir = snapshot.state_dir / "originals"
     writes: dict[str, bytes | None] = {}
     current: dict[str, bytes | None] = {}
@@ -390,6 +389,40 @@ def revert(snapshot: Snapshot, *, force: bool = False) -> RevertResult:
         )
     commit_files(snapshot.root, writes, current)
     shutil.rmtree(snapshot.state_dir)
+    return result
+
+
+def _revert_without_state(snapshot: Snapshot, result: RevertResult) -> RevertResult:
+    """Undo a patch applied by other means (`git apply` of an export): reverse the diffs.
+
+    Only when every touched file is recognised as applied; the reversed files must hash
+    to the release's pristine SHA-256.
+    """
+    if snapshot.version not in supported_versions():
+        result.nothing_to_do = True
+        return result
+    checked = check(snapshot)
+    if checked.state is not State.APPLIED:
+        result.nothing_to_do = True
+        return result
+    series = load(snapshot.version)
+    writes: dict[str, bytes | None] = {}
+    current: dict[str, bytes | None] = {}
+    for rel in series.touched:
+        now = _read(snapshot, rel)
+        current[rel] = now
+        if rel in series.pristine:
+            assert now is not None
+            undone = unidiff.apply(now.decode("utf-8"), unidiff.reverse(series.diffs[rel]))
+            original = undone.encode("utf-8")
+            if sha256(original) != series.pristine[rel]:
+                raise DdtreeError(f"cannot reconstruct the released {rel}; nothing changed")
+            writes[rel] = original
+            result.restored.append(rel)
+        else:
+            writes[rel] = None
+            result.removed.append(rel)
+    commit_files(snapshot.root, writes, current)
     return result
 
 

@@ -163,6 +163,10 @@ def test_export_applies_with_git_apply(version, snapshot_copy, tmp_path):
     # A snapshot patched by `git apply` is recognised as applied, and re-applying is a no-op.
     assert engine.check(snapshot.detect(theirs)).state is engine.State.APPLIED
     assert engine.apply(snapshot.detect(theirs)).already_applied
+    # ... and reverting it without a state folder reverses the diffs to the release.
+    reverted = engine.revert(snapshot.detect(theirs))
+    assert not reverted.nothing_to_do
+    assert tree_digest(theirs) == tree_digest(snapshot_copy(version, "pristine"))
 
 
 def test_git_checkout_layout(pristine_root, tmp_path):
