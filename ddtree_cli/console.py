@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 
 console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# soft_wrap: an error stays one line when stderr is a pipe or a log file.
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 STATUS_STYLE = {
     "pass": "[green]pass[/]",

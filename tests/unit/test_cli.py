@@ -50,3 +50,25 @@ def test_project_error_becomes_one_line_and_its_exit_code(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "deploy.yaml:3: 'port' must be an integer" in err
     assert "Traceback" not in err
+
+
+def test_long_error_stays_one_line_on_a_pipe():
+    code = (
+        "import typer\n"
+        "from ddtree_cli import __main__ as entry\n"
+        "from ddtree_cli.errors import DdtreeError\n"
+        "import ddtree_cli.cli as cli\n"
+        "probe = typer.Typer()\n"
+        "@probe.command()\n"
+        "def broken() -> None:\n"
+        "    raise DdtreeError('x' * 50 + ' ' + 'y' * 50 + ' ' + 'z' * 50)\n"
+        "cli.app = probe\n"
+        "entry.main([])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
