@@ -30,7 +30,7 @@ arch_list (["sm_90", ...]), device_count, devices [{name, capability}], warnings
 from the process and from the unit's Environment=}, ``disk`` [{path, free_bytes,
 total_bytes}], ``systemd`` {present, unit, properties {LoadState, ActiveState, SubState,
 Result, ExecMainStatus, ExecMainPID, NRestarts, ...}, journal [last lines], error},
-``ports`` [{port, listening, pids, processes}], ``processes`` [{pid, cmdline, cgroup}]
+``ports`` [{port, listening, pids, processes, cgroups}], ``processes`` [{pid, cmdline, cgroup}]
 (leftover ``sglang::`` processes), ``probes`` {module: {status "ok" | "missing" |
 "error" | "timeout", error, error_kind}}, ``health`` {url, status, body, error} or null.
 """
@@ -451,6 +451,11 @@ def _cmdline(pid: int) -> str:
     return raw.replace("\0", " ").strip() or _read(f"/proc/{pid}/comm").strip()
 
 
+def _cgroup(pid: int) -> str | None:
+    lines = _read(f"/proc/{pid}/cgroup").strip().splitlines()
+    return lines[-1] if lines else None
+
+
 def port_facts(ports: list[int]) -> list[dict]:
     result = []
     wanted = {port: set(_listening_inodes(port)) for port in ports}
@@ -479,6 +484,7 @@ def port_facts(ports: list[int]) -> list[dict]:
                 "listening": bool(wanted[port]),
                 "pids": pids,
                 "processes": [_cmdline(pid) for pid in pids],
+                "cgroups": [_cgroup(pid) for pid in pids],
             }
         )
     return result
@@ -491,8 +497,7 @@ def process_facts() -> list[dict]:
         comm = _read(f"/proc/{pid}/comm").strip()
         cmdline = _cmdline(pid)
         if comm.startswith("sglang::") or cmdline.startswith("sglang::"):
-            cgroup = _read(f"/proc/{pid}/cgroup").strip().splitlines()
-            found.append({"pid": pid, "cmdline": cmdline, "cgroup": cgroup[-1] if cgroup else None})
+            found.append({"pid": pid, "cmdline": cmdline, "cgroup": _cgroup(pid)})
     return found
 
 
