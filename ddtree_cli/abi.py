@@ -501,7 +501,7 @@ def check_probe(facts: dict, module: str) -> Verdict:
             return warned(
                 check_id,
                 "sglang is not installed in the serving venv",
-                f"{_pip(facts)} 'sglang==<snapshot version>'",
+                f"{_pip(facts)} 'sglang==VERSION' (your snapshot's version; --snapshot checks it)",
             )
         return skipped(check_id, f"{module} is not installed")
     if probe.get("status") == "ok":

@@ -304,6 +304,8 @@ def diagnose(facts: dict, options: DoctorOptions, health: dict | None = None) ->
     verdicts.append(check_disk(facts))
     if health is not None:
         verdicts.append(check_health(health, "from this machine"))
+    elif facts.get("health") and not any(p.get("listening") for p in facts.get("ports") or []):
+        verdicts.append(skipped("service.health", "nothing listens on the port to ask /health"))
     else:
         verdicts.append(check_health(facts.get("health"), "from the host"))
     return verdicts
