@@ -120,7 +120,8 @@ def check_unit(facts: dict, unit: str | None) -> Verdict:
     journal = systemd.get("journal") or []
     fatal = [line for line in journal if any(p in line for p in FATAL_JOURNAL_PATTERNS)]
     restarts = props.get("NRestarts") or "0"
-    state = f"{active} ({sub})"
+    plain = sub in (None, "", active) or (active, sub) == ("inactive", "dead")
+    state = active if plain else f"{active} ({sub})"
     if active == "active" and sub == "running" and not fatal:
         return passed("service.unit", f"{unit} {state}, {restarts} restart(s)")
     tail = journal[-JOURNAL_LINES_SHOWN:]
@@ -233,7 +234,7 @@ def check_leftover_processes(facts: dict, unit: str | None) -> Verdict:
         for app in (facts.get("nvidia_smi") or {}).get("compute_apps") or []
     }
     held = sum(gpu_mib.get(p["pid"], 0) for p in strays)
-    names = ", ".join(f"{p['pid']} {p['cmdline'][:40]}" for p in strays[:4])
+    names = ", ".join(f"pid {p['pid']} {p.get('name') or p['cmdline'][:40]}" for p in strays[:4])
     pids = " ".join(str(p["pid"]) for p in strays)
     return failed(
         "gpu.leftovers",

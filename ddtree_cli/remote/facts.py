@@ -30,7 +30,7 @@ arch_list (["sm_90", ...]), device_count, devices [{name, capability}], warnings
 from the process and from the unit's Environment=}, ``disk`` [{path, free_bytes,
 total_bytes}], ``systemd`` {present, unit, properties {LoadState, ActiveState, SubState,
 Result, ExecMainStatus, ExecMainPID, NRestarts, ...}, journal [last lines], error},
-``ports`` [{port, listening, pids, processes, cgroups}], ``processes`` [{pid, cmdline, cgroup}]
+``ports`` [{port, listening, pids, processes, cgroups}], ``processes`` [{pid, name, cmdline, cgroup}]
 (leftover ``sglang::`` processes), ``probes`` {module: {status "ok" | "missing" |
 "error" | "timeout", error, error_kind}}, ``health`` {url, status, body, error} or null.
 """
@@ -497,7 +497,8 @@ def process_facts() -> list[dict]:
         comm = _read(f"/proc/{pid}/comm").strip()
         cmdline = _cmdline(pid)
         if comm.startswith("sglang::") or cmdline.startswith("sglang::"):
-            found.append({"pid": pid, "cmdline": cmdline, "cgroup": _cgroup(pid)})
+            name = comm if comm.startswith("sglang::") else cmdline.split(" ")[0]
+            found.append({"pid": pid, "name": name, "cmdline": cmdline, "cgroup": _cgroup(pid)})
     return found
 
 
