@@ -40,6 +40,7 @@ class DoctorOptions:
     """What the user asked us to look at, besides the host itself."""
 
     snapshot: SnapshotABI | None = None
+    snapshot_path: str | None = None  # local folder, for the patch-state check
     python: str | None = None
     unit: str | None = None
     ports: tuple[int, ...] = ()
@@ -293,6 +294,35 @@ def check_health(health: dict | None, where: str) -> Verdict:
     )
 
 
+def check_patch_state(snapshot_path: str) -> Verdict:
+    """Is DDTREE in the snapshot to be served? (applied / pristine / drifted, by `patch`)."""
+    from pathlib import Path
+
+    from ddtree_cli.patching import engine
+    from ddtree_cli.patching.snapshot import detect
+
+    try:
+        result = engine.check(detect(Path(snapshot_path)))
+    except DdtreeError as exc:
+        return failed("snapshot.patch", str(exc), exc.hint or "")
+    state = result.state.value
+    where = f"{snapshot_path} (SGLang {result.snapshot.version})"
+    if state == "applied":
+        return passed("snapshot.patch", f"DDTREE applied to {where}")
+    if state == "pristine":
+        return failed(
+            "snapshot.patch",
+            f"{where} is pristine: no DDTREE in it",
+            f"ddtree patch {snapshot_path}",
+        )
+    drifted = [f"{f.path}: {f.detail}" for f in result.files if f.state.value == "drifted"]
+    return failed(
+        "snapshot.patch",
+        f"{where} has drifted: " + "; ".join(drifted[:3]) + (" …" if len(drifted) > 3 else ""),
+        f"ddtree patch {snapshot_path} --revert (or start from a fresh copy), then ddtree patch",
+    )
+
+
 # --- running everything --------------------------------------------------------------
 
 
@@ -440,6 +470,11 @@ def build_report(
     results: list[HostFacts], options: DoctorOptions, local_health: dict | None = None
 ) -> DoctorReport:
     report = DoctorReport(hosts=[r.host for r in results])
+    if options.snapshot_path:
+        verdict = check_patch_state(options.snapshot_path)
+        report.checks.append(
+            HostCheck("snapshot", verdict.id, verdict.status, verdict.detail, verdict.fix)
+        )
     for result in results:
         if result.facts is None:
             error = result.error

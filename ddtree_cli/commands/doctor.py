@@ -140,6 +140,7 @@ def doctor_command(
         raise ConfigError("--url names one server; use it with at most one --host")
     options = doctor.DoctorOptions(
         snapshot=inspect_snapshot(snapshot) if snapshot else None,
+        snapshot_path=str(snapshot) if snapshot else None,
         python=python,
         unit=unit,
         ports=tuple(port or ()),
