@@ -24,25 +24,31 @@ HostOpt = Annotated[
 ]
 
 
-def _targets(hosts: list[str], inventory: Path | None, group: str | None) -> list[str]:
-    targets = list(hosts)
+def _targets(hosts: list[str], inventory: Path | None, group: str | None) -> dict[str, object]:
+    """label -> what ``remote.ssh.connect`` takes (a "[user@]host[:port]" or an inventory
+    HostSpec, which carries its own user, port and key)."""
+    targets: dict[str, object] = {h: h for h in hosts}
     if inventory is not None:
         from ddtree_cli.config import load_inventory
 
-        inv = load_inventory(inventory)
-        targets += [h.target for h in inv.hosts_in(group)]
+        for spec in load_inventory(inventory).select(group):
+            targets.setdefault(spec.label, spec)
     elif group:
         raise ConfigError("--group needs --inventory")
-    return list(dict.fromkeys(targets))
+    return targets
 
 
-def _collector(options: doctor.DoctorOptions, identity, accept_new, known_hosts, ssh_config):
-    def collect(target: str) -> dict:
+def _collector(
+    targets, options: doctor.DoctorOptions, identity, accept_new, known_hosts, ssh_config
+):
+    def collect(label: str) -> dict:
         from ddtree_cli.remote.ssh import connect
 
+        target = targets[label]
+        key = identity or getattr(target, "identity", None)
         with connect(
             target,
-            identity=identity,
+            identity=key,
             accept_new_host_key=accept_new,
             known_hosts=known_hosts,
             ssh_config=ssh_config,
@@ -150,8 +156,10 @@ def doctor_command(
     quiet = json_out or not sys.stderr.isatty()
     with err_console.status("collecting host facts…") if not quiet else _nothing():
         if targets:
-            collect = _collector(options, identity, accept_new_host_key, known_hosts, ssh_config)
-            results = doctor.collect_many(targets, collect)
+            collect = _collector(
+                targets, options, identity, accept_new_host_key, known_hosts, ssh_config
+            )
+            results = doctor.collect_many(list(targets), collect)
         else:
             facts = host_facts.collect_local(
                 python=python,
