@@ -200,3 +200,54 @@ def test_wheel_for_another_python_fails_the_abi_check(tmp_path):
     assert f"built for {other_tag} but the host runs {PY_TAG}" in abi["detail"]
     assert "_core.cpython-" in abi["detail"]
     assert f"serve from a Python {other} venv" in abi["fix"]
+
+
+@pytest.mark.http
+def test_health_and_port_owner_of_a_real_server_on_loopback():
+    # The embedded engine speaks SGLang's /health; doctor sees its port owner and asks it.
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ddtree_cli", "serve", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        url = f"http://127.0.0.1:{port}/health"
+        result = run_cli(
+            "doctor",
+            "--python",
+            sys.executable,
+            "--no-probes",
+            "--port",
+            str(port),
+            "--url",
+            url,
+            "--json",
+        )
+        checks = checks_of(result)
+        assert checks["service.health"]["status"] == "pass"
+        assert checks["service.health"]["detail"] == f"GET {url} -> 200 (from this machine)"
+        owner = checks[f"service.port.{port}"]
+        assert owner["status"] == "warn"  # busy, and without --unit we cannot say it is ours
+        assert f"pid {server.pid} (" in owner["detail"] and "serve" in owner["detail"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    result = run_cli("doctor", "--python", sys.executable, "--no-probes", "--url", url, "--json")
+    health = checks_of(result)["service.health"]
+    assert health["status"] == "fail"
+    assert "refused" in health["detail"].lower()
