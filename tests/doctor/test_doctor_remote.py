@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from tests.conftest import require
-from tests.testhosts import free_port, start_host, unavailable_reason
+from tests.testhosts import free_port, host_python_binds, start_host, unavailable_reason
 
 pytestmark = [pytest.mark.nspawn, pytest.mark.slow]
 
@@ -35,7 +35,10 @@ def run_doctor(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     require(unavailable_reason() is None, f"no test hosts: {unavailable_reason()}")
-    booted = start_host(tmp_path_factory.mktemp("doctor-host"))
+    # This test venv (CPU torch) mounted read-only at /opt/ddtree/venv: a serving venv
+    # whose torch the host's facts script must find and import for real.
+    _, binds = host_python_binds(sys.executable)
+    booted = start_host(tmp_path_factory.mktemp("doctor-host"), binds_ro=binds)
     try:
         # A unit that dies at start with the import error users report (sglang#8373).
         unit = textwrap.dedent(f"""\
@@ -80,6 +83,23 @@ def test_facts_are_collected_over_ssh_and_a_host_without_driver_fails_clearly(tr
     assert checks["torch.installed"]["detail"] == "torch is not installed"
     assert checks["gpu.arch"]["status"] == "skip"
     assert checks["disk.free"]["status"] in ("pass", "warn", "fail")
+
+
+def test_serving_venv_torch_is_imported_on_the_host(trusted):
+    venv_python, _ = host_python_binds(sys.executable)
+    result = run_doctor(*trusted, "--python", venv_python, "--json")
+    assert result.returncode == 1, result.stderr
+    checks = checks_by_id(result.stdout)
+    assert checks["torch.installed"]["status"] == "pass"
+    assert checks["torch.installed"]["detail"].startswith("torch 2.")
+    assert checks["torch.cuda_build"]["status"] == "fail"  # the CPU wheel
+    assert (
+        f"{venv_python} -m pip install --force-reinstall 'torch=="
+        in (checks["torch.cuda_build"]["fix"])
+    )
+    assert checks["python.version"]["detail"].startswith(
+        f"Python {sys.version_info[0]}.{sys.version_info[1]}"
+    )
 
 
 def test_a_crashed_unit_shows_its_journal_lines(trusted):
