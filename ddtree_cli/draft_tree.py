@@ -167,7 +167,7 @@ class CompactionIndices:
 
     Attributes:
         src_slots: int64 ``[b, L + 1]``; row ``k`` of the compacted window comes from node slot
-            ``src_slots[:, k]`` (the accepted node at depth ``k``; ``k`` itself after
+            ``src_slots[:, k]`` (the accepted node at depth ``k``; ``min(k, N - 1)`` after
             ``accept_len``, so the copy is the identity there). ``src_slots[:, k] >= k``, so
             gathering all sources before writing is safe in place.
         src_rows: int64 ``[b, L + 1]``, the same as flat rows ``request * N + slot`` into a
@@ -520,7 +520,7 @@ def verify_walk(tree: DraftTree, target_tokens: Tensor) -> WalkResult:
     slots = torch.arange(n, device=device).expand(b, n)
     jump = _self_parents(tree.parents)
     is_node = (tree.parents >= 0) & (slots <= tree.num_nodes.unsqueeze(1))
-    drafted = torch.cat([torch.zeros_like(tree.tokens[:, :1]), tree.tokens], 1)
+    drafted = torch.cat([tree.tokens.new_zeros((b, 1)), tree.tokens], 1)
     accepted_mask = ((drafted == target.gather(1, jump)) & is_node) | (slots == 0)
     for _ in range(_jump_steps(tree.max_depth)):
         accepted_mask = accepted_mask & accepted_mask.gather(1, jump)
@@ -554,7 +554,7 @@ def committed_tokens(tree: DraftTree, walk: WalkResult) -> Tensor:
     bonus token).
     """
     b, width = walk.accepted.shape
-    drafted = torch.cat([torch.zeros_like(tree.tokens[:, :1]), tree.tokens], 1)
+    drafted = torch.cat([tree.tokens.new_zeros((b, 1)), tree.tokens], 1)
     nxt = torch.cat([walk.accepted[:, 1:], walk.accepted.new_full((b, 1), -1)], 1)
     matched = drafted.gather(1, nxt.clamp_min(0))
     k = torch.arange(width, device=walk.accepted.device).expand(b, width)
