@@ -239,3 +239,22 @@ def test_one_unreachable_host_among_several_still_reports_the_others(trusted):
     assert [c["id"] for c in dead] == ["host.reachable"]
     assert dead[0]["status"] == "fail"
     assert any(c["id"] == "gpu.driver" for c in by_host[trusted[1]])
+
+
+def test_two_names_for_one_host_have_no_differences(host, trusted):
+    # Same machine under two labels: the difference table must be empty and say so.
+    other = f"127.0.0.1:{host.ssh_port}"
+    result = run_doctor(*trusted, "--host", other, "--no-probes", "--json")
+    report = json.loads(result.stdout)
+    assert report["hosts"] == [trusted[1], other]
+    assert report["differences"] == []
+    fairness = [c for c in report["checks"] if c["id"] == "ab.fairness"]
+    assert fairness == [
+        {
+            "host": "all hosts",
+            "id": "ab.fairness",
+            "status": "pass",
+            "detail": "2 hosts share GPU, driver, torch and kernels",
+            "fix": "",
+        }
+    ]
