@@ -175,7 +175,8 @@ def check_python_version(facts: dict, snapshot: SnapshotABI | None = None) -> Ve
     need = ">=3.10"
     if snapshot and snapshot.requires_python:
         need = snapshot.requires_python
-    minimum = version_tuple(need.lstrip(">=~ "))
+    lower = re.search(r">=\s*([0-9.]+)", need)
+    minimum = version_tuple(lower.group(1)) if lower else ()
     have = version_tuple(python.get("version"))
     if minimum and have[: len(minimum)] < minimum:
         return failed(
