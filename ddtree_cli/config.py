@@ -80,7 +80,11 @@ def load_yaml(path: Path) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
-        raise ConfigError(f"{path}:{line}: invalid YAML: {exc.problem or exc.context}") from exc
+        started = ""
+        if exc.context_mark is not None and exc.context_mark.line + 1 != line:
+            started = f" ({exc.context} at line {exc.context_mark.line + 1})"
+        raise ConfigError(f"{path}:{line}: invalid YAML: {exc.problem or exc.context}{started}") \
+            from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
 

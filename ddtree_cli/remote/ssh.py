@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import logging
 import os
 import shlex
 import socket
@@ -30,6 +31,10 @@ import paramiko
 from ddtree_cli.errors import RemoteError
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+# paramiko logs refused tunnel channels (expected while a server starts) at ERROR level;
+# our callers report failures themselves, as one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 CONNECT_TIMEOUT_S = 15.0
 
 

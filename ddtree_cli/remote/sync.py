@@ -186,9 +186,14 @@ Progress = Callable[[str], None]
 
 
 def sync(conn: Connection, releases: Releases, source: Path, manifest: Manifest, *,
-         metadata: dict[str, str] | None = None, progress: Progress | None = None) -> SyncResult:
-    """Make ``releases/<id>`` on the host hold exactly ``manifest``; does not switch."""
-    rid = release_id(manifest)
+         rid: str | None = None, metadata: dict[str, str] | None = None,
+         progress: Progress | None = None) -> SyncResult:
+    """Make ``releases/<rid>`` on the host hold exactly ``manifest``; does not switch.
+
+    ``rid`` defaults to the manifest's hash; a deploy mixes the unit file into it, so the
+    same files run with another unit make another (fully hard-linked) release.
+    """
+    rid = rid or release_id(manifest)
     note = progress or (lambda _msg: None)
     st = releases.state()
     owner = "" if conn.is_root else conn.user
