@@ -42,8 +42,8 @@ from pathlib import Path
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("DDTREE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "libstdc++6", "libgomp1")
-ROOTFS_VERSION = "1"  # bump when PACKAGES or the image setup changes
+PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "libstdc++6", "libgomp1", "rsync")
+ROOTFS_VERSION = "2"  # bump when PACKAGES or the image setup changes
 
 
 def cache_dir() -> Path:

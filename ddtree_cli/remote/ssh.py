@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import logging
 import os
 import shlex
 import socket
@@ -30,7 +31,19 @@ import paramiko
 from ddtree_cli.errors import RemoteError
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+# paramiko logs refused tunnel channels (expected while a server starts) at ERROR level;
+# our callers report failures themselves, as one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 CONNECT_TIMEOUT_S = 15.0
+
+
+class _Transport(paramiko.Transport):
+    # AES-GCM needs no separate MAC pass: about 1.6x the throughput of paramiko's default
+    # aes128-ctr + hmac-sha2-256 for a bulk upload. A wide window keeps the pipe full.
+    _preferred_ciphers = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
+                          *(c for c in paramiko.Transport._preferred_ciphers if "gcm" not in c))
+    default_window_size = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -493,7 +506,7 @@ def _handshake(sock, spec: HostSpec, hostname: str, port: int, options: dict,
         client.connect(
             hostname, port=port, username=user, key_filename=[str(p) for p in identities] or None,
             look_for_keys=False, allow_agent=True, timeout=timeout, banner_timeout=timeout,
-            auth_timeout=timeout, sock=sock,
+            auth_timeout=timeout, sock=sock, transport_factory=_Transport,
         )
     except RemoteError:
         client.close()
