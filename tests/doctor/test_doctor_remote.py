@@ -258,3 +258,45 @@ def test_two_names_for_one_host_have_no_differences(host, trusted):
             "fix": "",
         }
     ]
+
+
+def test_inventory_group_labels_hosts_by_name_and_uses_their_keys(host, trusted, tmp_path):
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(
+        textwrap.dedent(f"""\
+        hosts:
+          box:
+            address: 127.0.0.1
+            port: {host.ssh_port}
+            user: root
+            identity: {host.client_key}
+          elsewhere: 127.0.0.1:{free_port()}
+        groups:
+          ab: [box]
+        """)
+    )
+    known = trusted[trusted.index("--known-hosts") + 1]
+    result = run_doctor(
+        "--inventory",
+        str(inventory),
+        "--group",
+        "ab",
+        "--known-hosts",
+        known,
+        "--no-probes",
+        "--json",
+    )
+    report = json.loads(result.stdout)
+    assert report["hosts"] == ["box"]
+    assert {c["host"] for c in report["checks"]} == {"box"}
+    assert any(c["id"] == "gpu.driver" and c["status"] == "fail" for c in report["checks"])
+
+
+def test_broken_inventory_is_a_one_line_error_with_its_line(tmp_path):
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  box: {address: [unclosed\n")
+    result = run_doctor("--inventory", str(inventory), "--json", timeout=60)
+    assert result.returncode == 3
+    assert result.stdout == ""
+    assert "hosts.yaml:" in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr
