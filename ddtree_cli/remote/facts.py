@@ -47,6 +47,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 FACTS_SCHEMA = 1
 
@@ -236,24 +237,23 @@ def torch_facts(python: str, timeout: float) -> dict:
     return {"installed": None, "error": _last_lines(err) or f"exit status {rc}"}
 
 
+def probe_one(python: str, timeout: float, name: str) -> dict:
+    """Import ``name`` in a fresh ``python``: ok / missing / error (classified) / timeout."""
+    rc, out, err = _run([python, "-c", _PROBE_SNIPPET, name], timeout)
+    parsed = _json_from(out) if rc == 0 else None
+    if parsed is not None:
+        parsed.update(error=None, error_kind=None)
+        return parsed
+    kind = "timeout" if rc == 124 else "crash" if rc < 0 else classify_import_error(err)
+    return {
+        "status": "timeout" if rc == 124 else "error",
+        "error": _last_lines(err, 2) or f"exit status {rc}",
+        "error_kind": kind,
+    }
+
+
 def probe_facts(python: str, timeout: float, modules=PROBE_MODULES) -> dict:
-    probes = {}
-    for name in modules:
-        rc, out, err = _run([python, "-c", _PROBE_SNIPPET, name], timeout)
-        parsed = _json_from(out) if rc == 0 else None
-        if parsed is not None:
-            parsed["error"] = None
-            parsed["error_kind"] = None
-            probes[name] = parsed
-            continue
-        message = _last_lines(err, 2) or f"exit status {rc}"
-        kind = "timeout" if rc == 124 else "crash" if rc < 0 else classify_import_error(err)
-        probes[name] = {
-            "status": "timeout" if rc == 124 else "error",
-            "error": message,
-            "error_kind": kind,
-        }
-    return probes
+    return {name: probe_one(python, timeout, name) for name in modules}
 
 
 def _csv_rows(text: str) -> list[list[str]]:
@@ -538,6 +538,19 @@ def health_facts(url: str, timeout: float) -> dict:
         return {"url": url, "status": None, "body": None, "error": str(reason)}
 
 
+class _Done:
+    def __init__(self, value):
+        self._value = value
+
+    def result(self):
+        return self._value
+
+
+def _run_now(function, *args) -> _Done:
+    """``pool.submit`` that runs at once: the sequential baseline of :func:`gather`."""
+    return _Done(function(*args))
+
+
 def gather(
     python: str | None = None,
     unit: str | None = None,
@@ -546,6 +559,8 @@ def gather(
     health_url: str | None = None,
     probes: bool = True,
     timeout: float = 120.0,
+    probe_modules=PROBE_MODULES,
+    parallel: bool = True,
 ) -> dict:
     """Collect every fact about the machine this code runs on (see the module docstring)."""
     python = python or shutil.which("python3") or sys.executable
@@ -563,23 +578,30 @@ def gather(
         "collector_python": platform.python_version(),
     }
     facts.update(interpreter_facts(python, short))
+    modules = tuple(probe_modules) if probes and facts["python"]["found"] else ()
+    # torch and each kernel import take seconds apiece (each imports torch): run them side by
+    # side while this thread reads the quick facts; parallel=False is the sequential baseline.
+    with ThreadPoolExecutor(max_workers=1 + len(modules)) as pool:
+        submit = pool.submit if parallel else _run_now
+        if facts["python"]["found"]:
+            torch_future = submit(torch_facts, python, timeout)
+        probe_futures = {name: submit(probe_one, python, timeout, name) for name in modules}
+        facts["nvidia_smi"] = nvidia_smi_facts(short)
+        facts["systemd"] = systemd_facts(unit, short)
+        env.update({k: v for k, v in facts["systemd"]["environment"].items() if k not in env})
+        facts["env"] = env
+        facts["nvcc"] = nvcc_facts(short, env)
+        home = os.path.expanduser("~")
+        exe_dir = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+        facts["disk"] = disk_facts(list(disk_paths) + [home, exe_dir, "/"])
+        facts["ports"] = port_facts(list(ports))
+        facts["processes"] = process_facts()
+        facts["health"] = health_facts(health_url, short) if health_url else None
     if facts["python"]["found"]:
-        facts["torch"] = torch_facts(python, timeout)
-        facts["probes"] = probe_facts(python, timeout) if probes else {}
+        facts["torch"] = torch_future.result()
     else:
         facts["torch"] = {"installed": None, "error": "interpreter not usable: " + python}
-        facts["probes"] = {}
-    facts["nvidia_smi"] = nvidia_smi_facts(short)
-    facts["systemd"] = systemd_facts(unit, short)
-    env.update({k: v for k, v in facts["systemd"]["environment"].items() if k not in env})
-    facts["env"] = env
-    facts["nvcc"] = nvcc_facts(short, env)
-    home = os.path.expanduser("~")
-    exe_dir = os.path.dirname(os.path.dirname(os.path.abspath(python)))
-    facts["disk"] = disk_facts(list(disk_paths) + [home, exe_dir, "/"])
-    facts["ports"] = port_facts(list(ports))
-    facts["processes"] = process_facts()
-    facts["health"] = health_facts(health_url, short) if health_url else None
+    facts["probes"] = {name: future.result() for name, future in probe_futures.items()}
     return facts
 
 
