@@ -159,6 +159,96 @@ def check_unit(facts: dict, unit: str | None) -> Verdict:
     )
 
 
+MIN_NOFILE = 65535
+
+
+def check_unit_settings(facts: dict, unit: str | None) -> Verdict:
+    """Unit options that hide the GPU or leave orphans behind (see docs/doctor.md)."""
+    if not unit:
+        return skipped("service.settings", "no --unit given")
+    props = (facts.get("systemd") or {}).get("properties") or {}
+    if props.get("LoadState") in (None, "not-found"):
+        return skipped("service.settings", f"{unit} is not installed")
+    name = _unit_name(unit)
+    if props.get("PrivateDevices") == "yes":
+        return failed(
+            "service.settings",
+            f"{name} has PrivateDevices=yes: /dev/nvidia* is hidden, CUDA finds no GPU",
+            f"remove PrivateDevices= from {name}, then systemctl daemon-reload",
+        )
+    problems, fixes = [], []
+    if props.get("DevicePolicy") in ("closed", "strict"):
+        problems.append(f"DevicePolicy={props['DevicePolicy']} denies devices not allowed")
+        fixes.append(
+            "DeviceAllow=char-nvidia rw, DeviceAllow=char-nvidia-uvm rw, DeviceAllow="
+            "char-nvidia-caps rw (older drivers: char-nvidia-frontend), or no DevicePolicy="
+        )
+    if props.get("KillMode") in ("process", "none"):
+        problems.append(f"KillMode={props['KillMode']} leaves sglang:: children running on stop")
+        fixes.append("KillMode=control-group")
+    limit = props.get("LimitNOFILE")
+    if limit and limit.isdigit() and int(limit) < MIN_NOFILE:
+        problems.append(f"LimitNOFILE={limit} is low for many concurrent streams")
+        fixes.append(f"LimitNOFILE={MIN_NOFILE}")
+    if problems:
+        return warned(
+            "service.settings",
+            "; ".join(problems),
+            f"in {name}: " + ", ".join(fixes) + "; then systemctl daemon-reload",
+        )
+    return passed("service.settings", "no device sandbox, KillMode and LimitNOFILE are fine")
+
+
+# Attention backends that only run on some compute capabilities (major, minor) ranges.
+_BACKEND_CAPS = {
+    "fa3": ((8, 0), (9, 0), "SM80-SM90"),
+    "trtllm_mla": ((10, 0), (10, 3), "SM100/SM103"),
+}
+
+
+def check_attention_backend(facts: dict) -> Verdict:
+    args = (facts.get("systemd") or {}).get("server_args") or {}
+    chosen = {flag: args[flag] for flag in args if "attention-backend" in flag}
+    if not chosen:
+        return skipped("sglang.attention_backend", "no --attention-backend in the unit's ExecStart")
+    caps = {
+        abi.capability_tuple(g.get("compute_cap"))
+        for g in (facts.get("nvidia_smi") or {}).get("gpus") or []
+    } - {None}
+    if not caps:
+        return skipped("sglang.attention_backend", "no GPU compute capability known")
+    for flag, backend in sorted(chosen.items()):
+        if backend not in _BACKEND_CAPS:
+            continue
+        low, high, label = _BACKEND_CAPS[backend]
+        wrong = sorted(c for c in caps if not low <= c <= high)
+        if wrong:
+            sm = ", ".join(f"sm_{a}{b}" for a, b in wrong)
+            return failed(
+                "sglang.attention_backend",
+                f"{flag} {backend} supports {label} only; this host has {sm}",
+                f"use {flag} flashinfer (or triton) in the unit's ExecStart",
+            )
+    listing = ", ".join(f"{f} {b}" for f, b in sorted(chosen.items()))
+    return passed("sglang.attention_backend", f"{listing} runs on this GPU")
+
+
+def check_persistence_mode(facts: dict) -> Verdict:
+    gpus = (facts.get("nvidia_smi") or {}).get("gpus") or []
+    modes = [g.get("persistence_mode") for g in gpus if g.get("persistence_mode")]
+    if not modes:
+        return skipped("gpu.persistence", "persistence mode not reported")
+    off = [str(g.get("index")) for g in gpus if g.get("persistence_mode") == "Disabled"]
+    if off:
+        return warned(
+            "gpu.persistence",
+            f"persistence mode off on GPU {', '.join(off)}: slower first CUDA init, and "
+            "NoNewPrivileges= units cannot create device nodes",
+            "systemctl enable --now nvidia-persistenced (or nvidia-smi -pm 1)",
+        )
+    return passed("gpu.persistence", "persistence mode on")
+
+
 def check_ports(facts: dict, unit: str | None) -> list[Verdict]:
     verdicts = []
     props = (facts.get("systemd") or {}).get("properties") or {}
@@ -329,7 +419,10 @@ def check_patch_state(snapshot_path: str) -> Verdict:
 def diagnose(facts: dict, options: DoctorOptions, health: dict | None = None) -> list[Verdict]:
     """Every verdict for one host's facts, in display order."""
     verdicts = abi.run_abi_checks(facts, options.snapshot)
+    verdicts.append(check_persistence_mode(facts))
     verdicts.append(check_unit(facts, options.unit))
+    verdicts.append(check_unit_settings(facts, options.unit))
+    verdicts.append(check_attention_backend(facts))
     verdicts.extend(check_ports(facts, options.unit))
     verdicts.append(check_leftover_processes(facts, options.unit))
     verdicts.append(check_disk(facts))

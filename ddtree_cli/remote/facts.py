@@ -24,12 +24,14 @@ torch*, triton, ...), ``requires`` {"sglang": [Requires-Dist lines]},
 ``torch`` {installed, version ("2.11.0+cu130"), cuda ("13.0"), hip, cuda_available,
 arch_list (["sm_90", ...]), device_count, devices [{name, capability}], warnings, error},
 ``nvidia_smi`` {present, driver_version, cuda_version (driver's CUDA, "13.0"), gpus
-[{index, name, uuid, compute_cap, memory_used_mib, memory_total_mib}], compute_apps
+[{index, name, uuid, compute_cap, memory_used_mib, memory_total_mib,
+persistence_mode}], compute_apps
 [{pid, process_name, gpu_uuid, used_memory_mib}], error},
 ``nvcc`` {present, path, release ("13.0"), error}, ``env`` {whitelisted variables,
 from the process and from the unit's Environment=}, ``disk`` [{path, free_bytes,
 total_bytes}], ``systemd`` {present, unit, properties {LoadState, ActiveState, SubState,
-Result, ExecMainStatus, ExecMainPID, NRestarts, ...}, journal [last lines], error},
+Result, ExecMainStatus, ExecMainPID, NRestarts, LimitNOFILE, KillMode, PrivateDevices, ...},
+server_args {whitelisted flags of ExecStart}, journal [last lines], error},
 ``ports`` [{port, listening, pids, processes, cgroups}], ``processes`` [{pid, name, cmdline, cgroup}]
 (leftover ``sglang::`` processes), ``probes`` {module: {status "ok" | "missing" |
 "error" | "timeout", error, error_kind}}, ``health`` {url, status, body, error} or null.
@@ -83,6 +85,19 @@ SYSTEMD_PROPERTIES = (
     "NRestarts",
     "FragmentPath",
     "ControlGroup",
+    "LimitNOFILE",
+    "KillMode",
+    "PrivateDevices",
+    "DevicePolicy",
+)
+
+# Server flags read from the unit's ExecStart; other arguments (keys, paths) are not kept.
+SERVER_FLAGS = (
+    "--attention-backend",
+    "--prefill-attention-backend",
+    "--decode-attention-backend",
+    "--speculative-algorithm",
+    "--speculative-draft-attention-backend",
 )
 
 # Run by the serving interpreter (any python3 >= 3.8): its version, ABI and packages.
@@ -291,6 +306,7 @@ def parse_gpu_rows(text: str, fields: str) -> list[dict]:
                 "memory_used_mib": _int_or_none(gpu.get("memory.used", "")),
                 "memory_total_mib": _int_or_none(gpu.get("memory.total", "")),
                 "driver_version": gpu.get("driver_version"),
+                "persistence_mode": gpu.get("persistence_mode"),
             }
         )
     return gpus
@@ -315,7 +331,7 @@ def nvidia_smi_facts(timeout: float) -> dict:
         facts["error"] = _last_lines(out + "\n" + err, 2) or f"nvidia-smi exit status {rc}"
         return facts
     facts["driver_version"], facts["cuda_version"] = parse_smi_header(out)
-    fields = "index,name,uuid,driver_version,compute_cap,memory.used,memory.total"
+    fields = "index,name,uuid,driver_version,compute_cap,memory.used,memory.total,persistence_mode"
     rc, out, err = _run([exe, "--query-gpu=" + fields, "--format=csv,noheader,nounits"], timeout)
     if rc != 0:  # drivers older than ~510 do not know compute_cap
         fields = "index,name,uuid,driver_version,memory.used,memory.total"
@@ -382,15 +398,27 @@ def _parse_environment_property(value: str) -> dict:
     return found
 
 
+def parse_server_args(exec_start: str) -> dict:
+    """Whitelisted ``--flag value`` pairs from systemd's ``ExecStart={ ... argv[]=... ; }``."""
+    match = re.search(r"argv\[\]=(.*?)(?: ;|$)", exec_start or "")
+    words = (match.group(1) if match else "").split()
+    found = {}
+    for i, word in enumerate(words):
+        flag, sep, value = word.partition("=")
+        if flag in SERVER_FLAGS:
+            found[flag] = value if sep else (words[i + 1] if i + 1 < len(words) else "")
+    return found
+
+
 def systemd_facts(unit: str | None, timeout: float, journal_lines: int = 20) -> dict:
     facts: dict = {"present": os.path.isdir("/run/systemd/system"), "unit": unit}
-    facts.update(properties={}, journal=[], environment={}, error=None)
+    facts.update(properties={}, journal=[], environment={}, server_args={}, error=None)
     if not facts["present"]:
         facts["error"] = "systemd is not running (no /run/systemd/system)"
         return facts
     if not unit:
         return facts
-    props = ",".join(SYSTEMD_PROPERTIES + ("Environment",))
+    props = ",".join(SYSTEMD_PROPERTIES + ("Environment", "ExecStart"))
     rc, out, err = _run(["systemctl", "show", unit, "--property=" + props], timeout)
     if rc != 0:
         facts["error"] = _last_lines(err) or f"systemctl show exit status {rc}"
@@ -401,6 +429,8 @@ def systemd_facts(unit: str | None, timeout: float, journal_lines: int = 20) -> 
             continue
         if key == "Environment":
             facts["environment"] = _parse_environment_property(value)
+        elif key == "ExecStart":
+            facts["server_args"] = parse_server_args(value)
         else:
             facts["properties"][key] = value
     if facts["properties"].get("LoadState") not in (None, "not-found"):

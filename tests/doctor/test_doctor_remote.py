@@ -44,7 +44,9 @@ def host(tmp_path_factory):
         unit = textwrap.dedent(f"""\
             [Service]
             Type=exec
-            ExecStart=/bin/sh -c 'echo "Loading sgl_kernel" >&2; echo "{CRASH_LINE}" >&2; exit 3'
+            ExecStart=/bin/sh -c 'echo "{CRASH_LINE}" >&2; exit 3' sh --attention-backend fa3
+            KillMode=process
+            LimitNOFILE=1024
             """)
         booted.ssh(["sh", "-c", "cat > /etc/systemd/system/crashy.service"], input=unit.encode())
         booted.ssh(["systemctl", "daemon-reload"])
@@ -110,6 +112,15 @@ def test_a_crashed_unit_shows_its_journal_lines(trusted):
     assert "crashy failed: result exit-code, exit status 3" in unit["detail"]
     assert "undefined symbol: _ZN3c104cuda9SetDeviceEa" in unit["detail"]
     assert "journalctl -u crashy.service" in unit["fix"]
+    settings = checks_by_id(result.stdout)["service.settings"]
+    assert settings["status"] == "warn"
+    assert "KillMode=process leaves sglang:: children running" in settings["detail"]
+    assert "LimitNOFILE=1024" in settings["detail"]
+    assert "KillMode=control-group" in settings["fix"] and "LimitNOFILE=65535" in settings["fix"]
+    # ExecStart was read (the flag is there); with no GPU the backend cannot be judged.
+    backend = checks_by_id(result.stdout)["sglang.attention_backend"]
+    assert backend["status"] == "skip"
+    assert backend["detail"] == "no GPU compute capability known"
 
 
 def test_port_held_by_another_process_and_leftover_sglang_processes(host, trusted):
@@ -300,3 +311,29 @@ def test_broken_inventory_is_a_one_line_error_with_its_line(tmp_path):
     assert result.stdout == ""
     assert "hosts.yaml:" in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr
+
+
+def test_collect_remote_returns_the_hosts_facts(host, trusted):
+    # The API `deploy`'s preflight uses: facts over one of our SSH connections.
+    from ddtree_cli.remote import facts as host_facts
+    from ddtree_cli.remote.ssh import connect
+
+    known = trusted[trusted.index("--known-hosts") + 1]
+    with connect(host.target, identity=host.client_key, known_hosts=known) as connection:
+        facts = host_facts.collect_remote(connection, unit="crashy", ports=[host.ssh_port])
+    assert facts["hostname"] == "testhost"
+    assert facts["systemd"]["present"] is True
+    props = facts["systemd"]["properties"]
+    assert (props["ActiveState"], props["Result"], props["ExecMainStatus"]) == (
+        "failed",
+        "exit-code",
+        "3",
+    )
+    assert (props["KillMode"], props["LimitNOFILE"]) == ("process", "1024")
+    assert facts["systemd"]["server_args"] == {"--attention-backend": "fa3"}
+    assert any("_ZN3c104cuda9SetDeviceEa" in line for line in facts["systemd"]["journal"])
+    (ssh_port,) = facts["ports"]
+    assert ssh_port["listening"] is True
+    assert any("sshd" in cmd for cmd in ssh_port["processes"])
+    assert facts["nvidia_smi"]["present"] is False
+    assert facts["torch"]["installed"] is False  # Debian's python3 has no torch

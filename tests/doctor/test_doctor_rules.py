@@ -198,3 +198,56 @@ def test_report_json_has_the_documented_shape(h200, a40):
     ]
     assert data["checks"][-1]["id"] == "ab.fairness"
     assert {row["key"] for row in data["differences"]} >= {"gpu", "driver"}
+
+
+def test_fa3_on_an_sm120_gpu_fails_and_on_an_h200_passes(rtx5080, h200):
+    # sglang#8373's RTX 5080 (CC 12.0); FA3 supports SM80-SM90 (see docs/doctor.md).
+    for facts in (rtx5080, h200):
+        facts["systemd"]["server_args"] = {"--attention-backend": "fa3"}
+    verdict = doctor.check_attention_backend(rtx5080)
+    assert verdict.status is Status.FAIL
+    assert verdict.detail == "--attention-backend fa3 supports SM80-SM90 only; this host has sm_120"
+    assert doctor.check_attention_backend(h200).status is Status.PASS
+
+
+def test_trtllm_mla_prefill_on_sm120_fails(rtx5080):
+    rtx5080["systemd"]["server_args"] = {"--prefill-attention-backend": "trtllm_mla"}
+    assert doctor.check_attention_backend(rtx5080).status is Status.FAIL
+
+
+def test_server_args_keep_only_whitelisted_flags():
+    from ddtree_cli.remote.facts import parse_server_args
+
+    exec_start = (
+        "{ path=/opt/v/bin/python ; argv[]=/opt/v/bin/python -m sglang.launch_server "
+        "--model-path /m --api-key s3cret --attention-backend=triton "
+        "--speculative-algorithm DFLASH ; ignore_errors=no ; start_time=[n/a] }"
+    )
+    assert parse_server_args(exec_start) == {
+        "--attention-backend": "triton",
+        "--speculative-algorithm": "DFLASH",
+    }
+
+
+def test_private_devices_fails_and_soft_settings_warn():
+    facts = unit_facts("active", "running")
+    props = facts["systemd"]["properties"]
+    props.update(PrivateDevices="yes")
+    assert doctor.check_unit_settings(facts, "sglang").status is Status.FAIL
+    props.update(
+        PrivateDevices="no", DevicePolicy="closed", KillMode="control-group", LimitNOFILE="524288"
+    )
+    verdict = doctor.check_unit_settings(facts, "sglang")
+    assert verdict.status is Status.WARN
+    assert "char-nvidia-uvm" in verdict.fix
+    props.update(DevicePolicy="auto")
+    assert doctor.check_unit_settings(facts, "sglang").status is Status.PASS
+
+
+def test_persistence_mode_off_warns(h200):
+    h200["nvidia_smi"]["gpus"][0]["persistence_mode"] = "Disabled"
+    verdict = doctor.check_persistence_mode(h200)
+    assert verdict.status is Status.WARN
+    assert "nvidia-persistenced" in verdict.fix
+    h200["nvidia_smi"]["gpus"][0]["persistence_mode"] = "Enabled"
+    assert doctor.check_persistence_mode(h200).status is Status.PASS
