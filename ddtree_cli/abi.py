@@ -153,6 +153,11 @@ def _torch_missing(facts: dict) -> str | None:
     return None
 
 
+def _driver_label(smi: dict) -> str:
+    cuda = smi.get("cuda_version")
+    return f"{smi.get('driver_version')} (CUDA {cuda})" if cuda else str(smi.get("driver_version"))
+
+
 def _pip(facts: dict) -> str:
     return f"{(facts.get('python') or {}).get('executable') or 'python3'} -m pip install"
 
@@ -289,8 +294,7 @@ def check_driver_present(facts: dict) -> Verdict:
     names = sorted({g.get("name") or "?" for g in gpus})
     return passed(
         "gpu.driver",
-        f"driver {smi['driver_version']} (CUDA {smi.get('cuda_version') or '?'}), "
-        f"{len(gpus)} × {', '.join(names)}",
+        f"driver {_driver_label(smi)}, {len(gpus)} × {', '.join(names)}",
     )
 
 
@@ -327,8 +331,7 @@ def check_driver_vs_torch(facts: dict) -> Verdict:
         )
     return passed(
         "gpu.driver_cuda",
-        f"driver {smi['driver_version']} (CUDA {smi.get('cuda_version') or '?'}) "
-        f">= torch CUDA {torch['cuda']}",
+        f"driver {_driver_label(smi)} >= torch CUDA {torch['cuda']}",
     )
 
 
@@ -605,6 +608,8 @@ def check_sglang_pins(facts: dict) -> Verdict:
     pins = _sglang_pins(facts)
     wanted = {n: v for n, v in pins.items() if n in _ABI_PINNED}
     if not wanted:
+        if not (facts.get("requires") or {}).get("sglang"):
+            return skipped("sglang.pins", "sglang's requirements (Requires-Dist) were not read")
         return skipped("sglang.pins", f"sglang {packages['sglang']} pins none of torch/kernels")
     wrong = [
         (n, v, packages[n])

@@ -65,6 +65,10 @@ def _collector(
     return collect
 
 
+def _cell(value: object) -> str:
+    return "—" if value is None else str(value)
+
+
 def _print_report(report: doctor.DoctorReport) -> None:
     table = Table(title="ddtree doctor", show_lines=False, expand=False)
     for column in ("host", "check", "status", "detail", "fix"):
@@ -85,7 +89,7 @@ def _print_report(report: doctor.DoctorReport) -> None:
         for host in hosts:
             diff.add_column(escape(host), overflow="fold")
         for row in report.differences:
-            diff.add_row(escape(row["key"]), *(escape(str(row["values"].get(h))) for h in hosts))
+            diff.add_row(escape(row["key"]), *(escape(_cell(row["values"].get(h))) for h in hosts))
         console.print(diff)
     counts = {s: sum(1 for c in report.checks if c.status.value == s) for s in STATUS_STYLE}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)

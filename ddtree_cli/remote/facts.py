@@ -717,15 +717,21 @@ def collect_remote(
     result = connection.run(argv, stdin=source(), timeout=overall)
     stdout = result.stdout.decode() if isinstance(result.stdout, bytes) else result.stdout
     stderr = result.stderr.decode() if isinstance(result.stderr, bytes) else result.stderr
+    where = getattr(connection, "label", "the host")
     if result.returncode == 127 or "No such file or directory" in (stderr or "")[:200]:
         raise RemoteError(
-            f"the host has no {remote_python} to collect facts with",
+            f"{where}: no {remote_python} to collect facts with",
+            hint="install python3 (>= 3.8) on the host",
+        )
+    if "SyntaxError" in (stderr or ""):
+        raise RemoteError(
+            f"{where}: {remote_python} is too old to collect facts (needs 3.8 or newer)",
             hint="install python3 (>= 3.8) on the host",
         )
     facts = _json_from(stdout) if result.returncode == 0 else None
     if facts is None:
         raise RemoteError(
-            "collecting host facts failed: "
+            f"{where}: collecting host facts failed: "
             + (_last_lines(stderr, 1) or f"exit status {result.returncode}")
         )
     return facts

@@ -337,3 +337,18 @@ def test_collect_remote_returns_the_hosts_facts(host, trusted):
     assert any("sshd" in cmd for cmd in ssh_port["processes"])
     assert facts["nvidia_smi"]["present"] is False
     assert facts["torch"]["installed"] is False  # Debian's python3 has no torch
+
+
+def test_collect_remote_without_that_python_is_one_line(host, trusted):
+    from ddtree_cli.errors import RemoteError
+    from ddtree_cli.remote import facts as host_facts
+    from ddtree_cli.remote.ssh import connect
+
+    known = trusted[trusted.index("--known-hosts") + 1]
+    with (
+        connect(host.target, identity=host.client_key, known_hosts=known) as connection,
+        pytest.raises(RemoteError) as err,
+    ):
+        host_facts.collect_remote(connection, remote_python="python2.7")
+    assert str(err.value).endswith("no python2.7 to collect facts with")
+    assert err.value.hint == "install python3 (>= 3.8) on the host"

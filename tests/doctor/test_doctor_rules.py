@@ -251,3 +251,17 @@ def test_persistence_mode_off_warns(h200):
     assert "nvidia-persistenced" in verdict.fix
     h200["nvidia_smi"]["gpus"][0]["persistence_mode"] = "Enabled"
     assert doctor.check_persistence_mode(h200).status is Status.PASS
+
+
+def test_table_output_shows_the_difference_table(h200, a40, capsys, monkeypatch):
+    from ddtree_cli.commands import doctor as command
+    from ddtree_cli.console import console
+
+    monkeypatch.setattr(console, "width", 200)
+    report = doctor.build_report([HostFacts("h200", h200), HostFacts("a40", a40)], DoctorOptions())
+    command._print_report(report)
+    out = capsys.readouterr().out
+    assert "differences across hosts" in out
+    row = next(line for line in out.splitlines() if line.startswith("│ torch CUDA"))
+    assert "13.0" in row and "12.1" in row
+    assert "ab.fairness" in out
