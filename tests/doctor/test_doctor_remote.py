@@ -352,3 +352,24 @@ def test_collect_remote_without_that_python_is_one_line(host, trusted):
         host_facts.collect_remote(connection, remote_python="python2.7")
     assert str(err.value).endswith("no python2.7 to collect facts with")
     assert err.value.hint == "install python3 (>= 3.8) on the host"
+
+
+def test_accept_new_host_key_records_it_and_proceeds(host, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    result = run_doctor(
+        "--host",
+        host.target,
+        "--identity",
+        str(host.client_key),
+        "--known-hosts",
+        str(known),
+        "--accept-new-host-key",
+        "--no-probes",
+        "--json",
+        timeout=120,
+    )
+    assert result.returncode == 1  # no driver on the host; the connection itself worked
+    assert json.loads(result.stdout)["hosts"] == [host.target]
+    recorded = known.read_text().split()
+    assert recorded[:2] == [f"[127.0.0.1]:{host.ssh_port}", "ssh-ed25519"]
