@@ -291,7 +291,9 @@ class HostDeployment:
         self.emit("starting")
         self._since = service.host_now(self.conn)
         service.systemctl(self.conn, "reset-failed", self.cfg.unit_name, check=False)
-        service.systemctl(self.conn, "restart", "--no-block", self.cfg.unit_name)
+        # Blocks until the old server has stopped and the new one is exec'd (Type=exec); a
+        # start that fails here shows up in the unit's state, which wait_ready reads.
+        service.systemctl(self.conn, "restart", self.cfg.unit_name, check=False, timeout=300)
 
     def verify(self, status: str) -> None:
         self.emit("waiting for /health")
@@ -321,6 +323,7 @@ class HostDeployment:
             self.report.message = f"{reason}; rollback to {previous} did not serve either: {again}"
             self.emit("failed", self.report.message)
             return
+        self.releases.call("discard", self.rid)
         self.report.status = "rolled_back"
         self.report.message = f"{reason}; rolled back to {previous}, which serves again"
         self.emit("rolled back", previous)
