@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -43,10 +44,8 @@ class CuttingProxy:
             except OSError:
                 pass
             for s in (client, upstream):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 s.close()
 
         threading.Thread(target=pump, args=(client, upstream, True), daemon=True).start()
@@ -86,10 +85,10 @@ def test_connection_killed_mid_sync_leaves_current_and_rerun_converges(testhost,
     known_proxy = tmp_path / "known_proxy"
     known_proxy.write_text(testhost.known_hosts_line.replace(
         f"]:{testhost.ssh_port} ", f"]:{proxy.port} "))
-    with pytest.raises(RemoteError, match="connection lost|failed"):
-        with connect(f"root@127.0.0.1:{proxy.port}", identity=testhost.client_key,
-                     known_hosts=known_proxy) as conn:
-            sync(conn, Releases(conn, base), src_b, manifest_b)
+    with pytest.raises(RemoteError, match="connection lost|failed"), \
+            connect(f"root@127.0.0.1:{proxy.port}", identity=testhost.client_key,
+                    known_hosts=known_proxy) as conn:
+        sync(conn, Releases(conn, base), src_b, manifest_b)
     assert proxy.sent > 3_000_000  # it really died mid-upload
     # The running release is untouched; the half upload sits in a staging folder only.
     assert testhost.ssh(["readlink", f"{base}/current"]).stdout.decode().strip() == \
