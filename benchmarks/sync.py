@@ -16,7 +16,9 @@ directions, for both tools. Needs root, debootstrap, systemd-nspawn and rsync.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import platform
 import shutil
 import socket
@@ -66,10 +68,8 @@ class CountingProxy:
             pass
         finally:
             for s in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def take(self) -> int:
         time.sleep(0.2)  # let the pumps finish counting the last packets
@@ -168,7 +168,7 @@ def main() -> int:
         result = {
             "snapshot": {"name": WHEEL, "files": files, "bytes": size},
             "machine": {"cpu": platform.processor() or platform.machine(),
-                        "cores": __import__("os").cpu_count(), "python": platform.python_version()},
+                        "cores": os.cpu_count(), "python": platform.python_version()},
             "repeats": args.repeats,
             "runs": summary,
             "first_deploy_ratio_vs_rsync": round(summary["ddtree_first"]["seconds_median"]
