@@ -291,7 +291,9 @@ class HostDeployment:
         self.emit("starting")
         self._since = service.host_now(self.conn)
         service.systemctl(self.conn, "reset-failed", self.cfg.unit_name, check=False)
-        service.systemctl(self.conn, "restart", "--no-block", self.cfg.unit_name)
+        # Blocks until the old server has stopped and the new one is exec'd (Type=exec); a
+        # start that fails here shows up in the unit's state, which wait_ready reads.
+        service.systemctl(self.conn, "restart", self.cfg.unit_name, check=False, timeout=300)
 
     def verify(self, status: str) -> None:
         self.emit("waiting for /health")
@@ -321,6 +323,7 @@ class HostDeployment:
             self.report.message = f"{reason}; rollback to {previous} did not serve either: {again}"
             self.emit("failed", self.report.message)
             return
+        self.releases.call("discard", self.rid)
         self.report.status = "rolled_back"
         self.report.message = f"{reason}; rolled back to {previous}, which serves again"
         self.emit("rolled back", previous)
@@ -412,8 +415,48 @@ def deploy(cfg: DeployConfig, hosts: list[HostSpec], opts: DeployOptions, *,
     manifest = scan(cfg.source, cfg.include, cfg.exclude)
     if cfg.multinode:
         return _deploy_multinode(cfg, hosts, opts, manifest, dry_run, on_event)
-    return _parallel(hosts, lambda h: _deploy_one(
+    reports = _parallel(hosts, lambda h: _deploy_one(
         HostDeployment(cfg, h, opts, manifest, on_event), dry_run), on_event, cfg.unit_name)
+    if cfg.router and not dry_run:
+        reports.append(_install_router(cfg, hosts, reports, opts, on_event))
+    return reports
+
+
+def _install_router(cfg: DeployConfig, hosts: list[HostSpec], reports: list[HostReport],
+                    opts: DeployOptions, on_event: EventFn) -> HostReport:
+    """Put SGLang's router in front of the replicas that serve, as a unit of its own."""
+    router = cfg.router
+    unit = service.router_unit_name(cfg)
+    spec = next((h for h in hosts if router.host in (h.name, h.host, h.label)), None) \
+        or HostSpec.parse(router.host)
+    report = HostReport(host=spec.label, unit=unit, status="failed")
+    workers = [r.url for r in reports if r.ok and r.url]
+    if not workers:
+        report.message = "no replica serves: router not installed"
+        return report
+    if cfg.service_host in ("127.0.0.1", "localhost", "::1") and len(workers) > 1:
+        report.message = ("server.host is loopback: a router on one host cannot reach the "
+                          "others (set server.host: 0.0.0.0)")
+        return report
+    on_event(spec.label, "router", ", ".join(workers))
+    try:
+        with _connect(spec, opts) as conn:
+            conn.check_root()
+            text = service.render_router_unit(cfg, router, workers, python_of(cfg, opts))
+            service.write_root_file(conn, f"{service.UNIT_DIR}/{unit}", text)
+            service.systemctl(conn, "daemon-reload")
+            service.systemctl(conn, "enable", "--quiet", unit)
+            service.systemctl(conn, "restart", unit, timeout=120)
+            state = service.unit_state(conn, unit)
+            if state.get("ActiveState") != "active":
+                report.journal = service.journal_tail(conn, unit, 20)
+                report.message = f"router unit is {state.get('ActiveState')}"
+                return report
+            report.status = "deployed"
+            report.url = f"http://{conn.hostname}:{router.port}"
+    except DdtreeError as exc:
+        report.message = str(exc)
+    return report
 
 
 def _deploy_multinode(cfg: DeployConfig, hosts: list[HostSpec], opts: DeployOptions,

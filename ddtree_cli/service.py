@@ -265,7 +265,7 @@ def wait_ready(conn: Connection, cfg: DeployConfig, host: HostSpec, unit: str, *
                 or int(state.get("NRestarts", "0") or 0) > 0:
             raise NotReady(f"{unit} exited (state {state.get('ActiveState')}/"
                            f"{state.get('SubState')}, exit status {state.get('ExecMainStatus')})")
-        if state.get("ActiveState") not in ("active", "activating", "reloading"):
+        if state.get("ActiveState") not in ("active", "activating", "reloading", "deactivating"):
             raise NotReady(f"{unit} is {state.get('ActiveState')}")
         try:
             status, _ = http_request(conn, cfg.service_host, port, "GET", "/health", timeout=30)

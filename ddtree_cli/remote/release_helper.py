@@ -19,6 +19,7 @@ Actions (JSON on stdin where noted, one JSON object on stdout):
                         staging dir to releases/ID.
   switch ID KEEP        points ``current`` at ID, records it, prunes to KEEP releases.
   previous              the release activated before the current one that still exists.
+  discard ID            forgets and deletes a (non-current) release that failed to serve.
 """
 
 import hashlib
@@ -193,6 +194,17 @@ def switch(base, rid, keep):
     return {"ok": True, "current": rid, "pruned": sorted(complete - keepers)}
 
 
+def discard(base, rid):
+    """Forget a release that failed to serve, so that --rollback never picks it."""
+    if rid == _current(base):
+        return {"ok": False, "error": f"release {rid} is the current one"}
+    st = _read_state(base)
+    st["history"] = [r for r in st["history"] if r != rid]
+    _write_atomic(os.path.join(base, "state.json"), json.dumps(st))
+    shutil.rmtree(os.path.join(_releases(base), rid), ignore_errors=True)
+    return {"ok": True}
+
+
 def previous(base):
     current = _current(base)
     complete = set(_complete(base))
@@ -212,6 +224,8 @@ def main(argv):
         out = finalize(base, argv[2], json.load(sys.stdin))
     elif action == "switch":
         out = switch(base, argv[2], int(argv[3]))
+    elif action == "discard":
+        out = discard(base, argv[2])
     elif action == "previous":
         out = previous(base)
     else:

@@ -196,9 +196,12 @@ def sync(conn: Connection, releases: Releases, source: Path, manifest: Manifest,
     rid = rid or release_id(manifest)
     note = progress or (lambda _msg: None)
     st = releases.state()
+    result = SyncResult(release=rid, previous=st["current"])
+    if rid in st["releases"]:  # nothing to send, not even the manifest
+        result.already_present = True
+        return result
     owner = "" if conn.is_root else conn.user
     plan = releases.call("plan", rid, owner, stdin=manifest)
-    result = SyncResult(release=rid, previous=st["current"])
     if plan["exists"]:
         result.already_present = True
         return result

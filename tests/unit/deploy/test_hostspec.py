@@ -51,3 +51,23 @@ def test_known_hosts_plain_hashed_and_bracketed(tmp_path):
     assert [k.line for k in read_known_keys([known], "gpu.example")] == [5]
     assert read_known_keys([known], "bad.example") == []
     assert read_known_keys([tmp_path / "missing"], "x") == []
+
+
+def test_scan_skips_caches_vcs_and_secrets(tmp_path):
+    from ddtree_cli.remote.sync import diff_manifests, release_id, scan
+
+    for rel in ("pkg/a.py", "pkg/__pycache__/a.cpython-311.pyc", ".git/config", ".env",
+                "pkg/.env.local", "deploy/server.pem", ".ddtree/state", "pkg/tool.sh",
+                "keys/id_ed25519", "pkg/data.bin"):
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rel.encode())
+    (tmp_path / "pkg/tool.sh").chmod(0o755)
+    manifest = scan(tmp_path)
+    assert sorted(manifest) == ["pkg/a.py", "pkg/data.bin", "pkg/tool.sh"]
+    assert manifest["pkg/tool.sh"][2] == 0o755 and manifest["pkg/a.py"][2] == 0o644
+    assert sorted(scan(tmp_path, include=["pkg"], exclude=["*.bin"])) == ["pkg/a.py", "pkg/tool.sh"]
+    changed = dict(manifest, **{"pkg/a.py": ["0" * 64, 1, 0o644]})
+    diff = diff_manifests(manifest, changed)
+    assert (diff.added, diff.changed, diff.removed) == ([], ["pkg/a.py"], [])
+    assert release_id(manifest) != release_id(changed)
