@@ -264,7 +264,8 @@ def commit_files(root: Path, writes: dict[str, bytes | None], originals: dict[st
                         if target.exists():
                             target.unlink()
                     else:
-                        os.replace(staged.pop(rel), target)
+                        os.replace(staged[rel], target)
+                        del staged[rel]
                     done.append(rel)
             except BaseException:
                 _rollback(root, done, originals)

@@ -7,6 +7,7 @@ folder, an installed ``sglang`` package folder (site-packages), or an extracted 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -45,7 +46,11 @@ class Snapshot:
         return self.root.relative_to(self.git_root).as_posix() + "/"
 
 
-_VERSION_RE = re.compile(r"""^(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", re.M)
+# `__version__ = version = '0.5.23'` as setuptools-scm / vcs-versioning write it.
+_VERSION_RE = re.compile(
+    r"""^(?:__version__|version)\s*=\s*(?:(?:__version__|version)\s*=\s*)?['"]([^'"]+)['"]""",
+    re.M,
+)
 
 
 def _is_package(path: Path) -> bool:
@@ -92,30 +97,56 @@ def _version_from_files(package_dir: Path, git_root: Path | None) -> str | None:
     return None
 
 
-def _version_from_git(git_root: Path) -> str | None:
-    # Read the tag that HEAD sits on without running git: HEAD -> commit, tags -> commit.
-    git_dir = git_root / ".git"
-    if not git_dir.is_dir():
-        return None
-    head = (git_dir / "HEAD").read_text(encoding="utf-8").strip()
-    if head.startswith("ref: "):
-        ref = git_dir / head[5:]
-        head = ref.read_text(encoding="utf-8").strip() if ref.is_file() else ""
-    tags: dict[str, str] = {}
+def _git_refs(git_dir: Path) -> dict[str, str]:
+    """Every ref -> sha, from packed-refs and loose refs (loose ones win)."""
+    refs: dict[str, str] = {}
     packed = git_dir / "packed-refs"
+    last = None
     if packed.is_file():
         for line in packed.read_text(encoding="utf-8").splitlines():
             parts = line.split()
-            if len(parts) == 2 and parts[1].startswith("refs/tags/"):
-                tags[parts[1][10:]] = parts[0]
-    tag_dir = git_dir / "refs" / "tags"
-    if tag_dir.is_dir():
-        for tag in tag_dir.rglob("*"):
-            if tag.is_file():
-                tags[tag.relative_to(tag_dir).as_posix()] = tag.read_text().strip()
-    for name, sha in tags.items():
-        if sha == head:
-            return name.lstrip("v")
+            if len(parts) == 2 and parts[1].startswith("refs/"):
+                last = parts[1]
+                refs[last] = parts[0]
+            elif line.startswith("^") and last is not None:
+                refs[last] = line[1:].strip()  # an annotated tag, peeled to its commit
+    ref_dir = git_dir / "refs"
+    if ref_dir.is_dir():
+        for ref in ref_dir.rglob("*"):
+            if ref.is_file():
+                name = "refs/" + ref.relative_to(ref_dir).as_posix()
+                refs[name] = _peel(git_dir, ref.read_text().strip())
+    return refs
+
+
+def _peel(git_dir: Path, sha: str) -> str:
+    """The commit a loose annotated tag object points at (the sha itself otherwise)."""
+    obj = git_dir / "objects" / sha[:2] / sha[2:]
+    if not obj.is_file():
+        return sha
+    try:
+        data = zlib.decompress(obj.read_bytes())
+    except zlib.error:
+        return sha
+    if data.startswith(b"tag "):
+        body = data.split(b"\0", 1)[1]
+        if body.startswith(b"object "):
+            return body[7:47].decode("ascii")
+    return sha
+
+
+def _version_from_git(git_root: Path) -> str | None:
+    # The release tag HEAD sits on, read without running git (git is optional).
+    git_dir = git_root / ".git"
+    if not git_dir.is_dir():
+        return None
+    refs = _git_refs(git_dir)
+    head = (git_dir / "HEAD").read_text(encoding="utf-8").strip()
+    if head.startswith("ref: "):
+        head = refs.get(head[5:], "")
+    for name, sha in sorted(refs.items()):
+        if name.startswith("refs/tags/") and sha == head:
+            return name[len("refs/tags/") :].lstrip("v")
     return None
 
 
