@@ -400,6 +400,29 @@ def _parse_environment_property(value: str) -> dict:
     return found
 
 
+_SECRET_PATTERNS = (
+    # --api-key VALUE / --admin-api-key=VALUE on a logged command line
+    (re.compile(r"(--[\w-]*(?:key|token|secret|password))(\s+|=)(\S+)", re.I), r"\1\2***"),
+    # api_key='...', HF_TOKEN=..., "password": "..." in logged settings
+    (
+        re.compile(
+            r"(\b[\w-]*(?:api_key|apikey|token|secret|password)['\"]?\s*[=:]\s*['\"]?)"
+            r"([^'\",\s)]+)",
+            re.I,
+        ),
+        r"\1***",
+    ),
+    (re.compile(r"\bhf_[A-Za-z0-9]{8,}"), "hf_***"),
+)
+
+
+def redact(line: str) -> str:
+    """Mask credentials a server may log (SGLang logs its full server args at start)."""
+    for pattern, replacement in _SECRET_PATTERNS:
+        line = pattern.sub(replacement, line)
+    return line
+
+
 def parse_server_args(exec_start: str) -> dict:
     """Whitelisted ``--flag value`` pairs from systemd's ``ExecStart={ ... argv[]=... ; }``."""
     match = re.search(r"argv\[\]=(.*?)(?: ;|$)", exec_start or "")
@@ -441,7 +464,7 @@ def systemd_facts(unit: str | None, timeout: float, journal_lines: int = 20) -> 
             timeout,
         )
         if rc == 0:
-            facts["journal"] = [line for line in out.splitlines() if line.strip()]
+            facts["journal"] = [redact(line) for line in out.splitlines() if line.strip()]
         else:
             facts["error"] = "journalctl: " + (_last_lines(err) or f"exit status {rc}")
     return facts
