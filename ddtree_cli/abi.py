@@ -153,6 +153,11 @@ def _torch_missing(facts: dict) -> str | None:
     return None
 
 
+def _driver_label(smi: dict) -> str:
+    cuda = smi.get("cuda_version")
+    return f"{smi.get('driver_version')} (CUDA {cuda})" if cuda else str(smi.get("driver_version"))
+
+
 def _pip(facts: dict) -> str:
     return f"{(facts.get('python') or {}).get('executable') or 'python3'} -m pip install"
 
@@ -175,7 +180,8 @@ def check_python_version(facts: dict, snapshot: SnapshotABI | None = None) -> Ve
     need = ">=3.10"
     if snapshot and snapshot.requires_python:
         need = snapshot.requires_python
-    minimum = version_tuple(need.lstrip(">=~ "))
+    lower = re.search(r">=\s*([0-9.]+)", need)
+    minimum = version_tuple(lower.group(1)) if lower else ()
     have = version_tuple(python.get("version"))
     if minimum and have[: len(minimum)] < minimum:
         return failed(
@@ -288,8 +294,7 @@ def check_driver_present(facts: dict) -> Verdict:
     names = sorted({g.get("name") or "?" for g in gpus})
     return passed(
         "gpu.driver",
-        f"driver {smi['driver_version']} (CUDA {smi.get('cuda_version') or '?'}), "
-        f"{len(gpus)} × {', '.join(names)}",
+        f"driver {_driver_label(smi)}, {len(gpus)} × {', '.join(names)}",
     )
 
 
@@ -326,8 +331,7 @@ def check_driver_vs_torch(facts: dict) -> Verdict:
         )
     return passed(
         "gpu.driver_cuda",
-        f"driver {smi['driver_version']} (CUDA {smi.get('cuda_version') or '?'}) "
-        f">= torch CUDA {torch['cuda']}",
+        f"driver {_driver_label(smi)} >= torch CUDA {torch['cuda']}",
     )
 
 
@@ -501,7 +505,7 @@ def check_probe(facts: dict, module: str) -> Verdict:
             return warned(
                 check_id,
                 "sglang is not installed in the serving venv",
-                f"{_pip(facts)} 'sglang==<snapshot version>'",
+                f"{_pip(facts)} 'sglang==VERSION' (your snapshot's version; --snapshot checks it)",
             )
         return skipped(check_id, f"{module} is not installed")
     if probe.get("status") == "ok":
@@ -604,6 +608,8 @@ def check_sglang_pins(facts: dict) -> Verdict:
     pins = _sglang_pins(facts)
     wanted = {n: v for n, v in pins.items() if n in _ABI_PINNED}
     if not wanted:
+        if not (facts.get("requires") or {}).get("sglang"):
+            return skipped("sglang.pins", "sglang's requirements (Requires-Dist) were not read")
         return skipped("sglang.pins", f"sglang {packages['sglang']} pins none of torch/kernels")
     wrong = [
         (n, v, packages[n])

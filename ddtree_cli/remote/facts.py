@@ -24,13 +24,15 @@ torch*, triton, ...), ``requires`` {"sglang": [Requires-Dist lines]},
 ``torch`` {installed, version ("2.11.0+cu130"), cuda ("13.0"), hip, cuda_available,
 arch_list (["sm_90", ...]), device_count, devices [{name, capability}], warnings, error},
 ``nvidia_smi`` {present, driver_version, cuda_version (driver's CUDA, "13.0"), gpus
-[{index, name, uuid, compute_cap, memory_used_mib, memory_total_mib}], compute_apps
+[{index, name, uuid, compute_cap, memory_used_mib, memory_total_mib,
+persistence_mode}], compute_apps
 [{pid, process_name, gpu_uuid, used_memory_mib}], error},
 ``nvcc`` {present, path, release ("13.0"), error}, ``env`` {whitelisted variables,
 from the process and from the unit's Environment=}, ``disk`` [{path, free_bytes,
 total_bytes}], ``systemd`` {present, unit, properties {LoadState, ActiveState, SubState,
-Result, ExecMainStatus, ExecMainPID, NRestarts, ...}, journal [last lines], error},
-``ports`` [{port, listening, pids, processes}], ``processes`` [{pid, cmdline, cgroup}]
+Result, ExecMainStatus, ExecMainPID, NRestarts, LimitNOFILE, KillMode, PrivateDevices, ...},
+server_args {whitelisted flags of ExecStart}, journal [last lines], error},
+``ports`` [{port, listening, pids, processes, cgroups}], ``processes`` [{pid, name, cmdline, cgroup}]
 (leftover ``sglang::`` processes), ``probes`` {module: {status "ok" | "missing" |
 "error" | "timeout", error, error_kind}}, ``health`` {url, status, body, error} or null.
 """
@@ -47,6 +49,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 FACTS_SCHEMA = 1
 
@@ -82,6 +85,19 @@ SYSTEMD_PROPERTIES = (
     "NRestarts",
     "FragmentPath",
     "ControlGroup",
+    "LimitNOFILE",
+    "KillMode",
+    "PrivateDevices",
+    "DevicePolicy",
+)
+
+# Server flags read from the unit's ExecStart; other arguments (keys, paths) are not kept.
+SERVER_FLAGS = (
+    "--attention-backend",
+    "--prefill-attention-backend",
+    "--decode-attention-backend",
+    "--speculative-algorithm",
+    "--speculative-draft-attention-backend",
 )
 
 # Run by the serving interpreter (any python3 >= 3.8): its version, ABI and packages.
@@ -236,24 +252,23 @@ def torch_facts(python: str, timeout: float) -> dict:
     return {"installed": None, "error": _last_lines(err) or f"exit status {rc}"}
 
 
+def probe_one(python: str, timeout: float, name: str) -> dict:
+    """Import ``name`` in a fresh ``python``: ok / missing / error (classified) / timeout."""
+    rc, out, err = _run([python, "-c", _PROBE_SNIPPET, name], timeout)
+    parsed = _json_from(out) if rc == 0 else None
+    if parsed is not None:
+        parsed.update(error=None, error_kind=None)
+        return parsed
+    kind = "timeout" if rc == 124 else "crash" if rc < 0 else classify_import_error(err)
+    return {
+        "status": "timeout" if rc == 124 else "error",
+        "error": _last_lines(err, 2) or f"exit status {rc}",
+        "error_kind": kind,
+    }
+
+
 def probe_facts(python: str, timeout: float, modules=PROBE_MODULES) -> dict:
-    probes = {}
-    for name in modules:
-        rc, out, err = _run([python, "-c", _PROBE_SNIPPET, name], timeout)
-        parsed = _json_from(out) if rc == 0 else None
-        if parsed is not None:
-            parsed["error"] = None
-            parsed["error_kind"] = None
-            probes[name] = parsed
-            continue
-        message = _last_lines(err, 2) or f"exit status {rc}"
-        kind = "timeout" if rc == 124 else "crash" if rc < 0 else classify_import_error(err)
-        probes[name] = {
-            "status": "timeout" if rc == 124 else "error",
-            "error": message,
-            "error_kind": kind,
-        }
-    return probes
+    return {name: probe_one(python, timeout, name) for name in modules}
 
 
 def _csv_rows(text: str) -> list[list[str]]:
@@ -291,6 +306,7 @@ def parse_gpu_rows(text: str, fields: str) -> list[dict]:
                 "memory_used_mib": _int_or_none(gpu.get("memory.used", "")),
                 "memory_total_mib": _int_or_none(gpu.get("memory.total", "")),
                 "driver_version": gpu.get("driver_version"),
+                "persistence_mode": gpu.get("persistence_mode"),
             }
         )
     return gpus
@@ -315,7 +331,7 @@ def nvidia_smi_facts(timeout: float) -> dict:
         facts["error"] = _last_lines(out + "\n" + err, 2) or f"nvidia-smi exit status {rc}"
         return facts
     facts["driver_version"], facts["cuda_version"] = parse_smi_header(out)
-    fields = "index,name,uuid,driver_version,compute_cap,memory.used,memory.total"
+    fields = "index,name,uuid,driver_version,compute_cap,memory.used,memory.total,persistence_mode"
     rc, out, err = _run([exe, "--query-gpu=" + fields, "--format=csv,noheader,nounits"], timeout)
     if rc != 0:  # drivers older than ~510 do not know compute_cap
         fields = "index,name,uuid,driver_version,memory.used,memory.total"
@@ -382,15 +398,27 @@ def _parse_environment_property(value: str) -> dict:
     return found
 
 
+def parse_server_args(exec_start: str) -> dict:
+    """Whitelisted ``--flag value`` pairs from systemd's ``ExecStart={ ... argv[]=... ; }``."""
+    match = re.search(r"argv\[\]=(.*?)(?: ;|$)", exec_start or "")
+    words = (match.group(1) if match else "").split()
+    found = {}
+    for i, word in enumerate(words):
+        flag, sep, value = word.partition("=")
+        if flag in SERVER_FLAGS:
+            found[flag] = value if sep else (words[i + 1] if i + 1 < len(words) else "")
+    return found
+
+
 def systemd_facts(unit: str | None, timeout: float, journal_lines: int = 20) -> dict:
     facts: dict = {"present": os.path.isdir("/run/systemd/system"), "unit": unit}
-    facts.update(properties={}, journal=[], environment={}, error=None)
+    facts.update(properties={}, journal=[], environment={}, server_args={}, error=None)
     if not facts["present"]:
         facts["error"] = "systemd is not running (no /run/systemd/system)"
         return facts
     if not unit:
         return facts
-    props = ",".join(SYSTEMD_PROPERTIES + ("Environment",))
+    props = ",".join(SYSTEMD_PROPERTIES + ("Environment", "ExecStart"))
     rc, out, err = _run(["systemctl", "show", unit, "--property=" + props], timeout)
     if rc != 0:
         facts["error"] = _last_lines(err) or f"systemctl show exit status {rc}"
@@ -401,6 +429,8 @@ def systemd_facts(unit: str | None, timeout: float, journal_lines: int = 20) -> 
             continue
         if key == "Environment":
             facts["environment"] = _parse_environment_property(value)
+        elif key == "ExecStart":
+            facts["server_args"] = parse_server_args(value)
         else:
             facts["properties"][key] = value
     if facts["properties"].get("LoadState") not in (None, "not-found"):
@@ -451,6 +481,11 @@ def _cmdline(pid: int) -> str:
     return raw.replace("\0", " ").strip() or _read(f"/proc/{pid}/comm").strip()
 
 
+def _cgroup(pid: int) -> str | None:
+    lines = _read(f"/proc/{pid}/cgroup").strip().splitlines()
+    return lines[-1] if lines else None
+
+
 def port_facts(ports: list[int]) -> list[dict]:
     result = []
     wanted = {port: set(_listening_inodes(port)) for port in ports}
@@ -479,6 +514,7 @@ def port_facts(ports: list[int]) -> list[dict]:
                 "listening": bool(wanted[port]),
                 "pids": pids,
                 "processes": [_cmdline(pid) for pid in pids],
+                "cgroups": [_cgroup(pid) for pid in pids],
             }
         )
     return result
@@ -491,8 +527,8 @@ def process_facts() -> list[dict]:
         comm = _read(f"/proc/{pid}/comm").strip()
         cmdline = _cmdline(pid)
         if comm.startswith("sglang::") or cmdline.startswith("sglang::"):
-            cgroup = _read(f"/proc/{pid}/cgroup").strip().splitlines()
-            found.append({"pid": pid, "cmdline": cmdline, "cgroup": cgroup[-1] if cgroup else None})
+            name = comm if comm.startswith("sglang::") else cmdline.split(" ")[0]
+            found.append({"pid": pid, "name": name, "cmdline": cmdline, "cgroup": _cgroup(pid)})
     return found
 
 
@@ -532,6 +568,19 @@ def health_facts(url: str, timeout: float) -> dict:
         return {"url": url, "status": None, "body": None, "error": str(reason)}
 
 
+class _Done:
+    def __init__(self, value):
+        self._value = value
+
+    def result(self):
+        return self._value
+
+
+def _run_now(function, *args) -> _Done:
+    """``pool.submit`` that runs at once: the sequential baseline of :func:`gather`."""
+    return _Done(function(*args))
+
+
 def gather(
     python: str | None = None,
     unit: str | None = None,
@@ -540,6 +589,8 @@ def gather(
     health_url: str | None = None,
     probes: bool = True,
     timeout: float = 120.0,
+    probe_modules=PROBE_MODULES,
+    parallel: bool = True,
 ) -> dict:
     """Collect every fact about the machine this code runs on (see the module docstring)."""
     python = python or shutil.which("python3") or sys.executable
@@ -557,23 +608,30 @@ def gather(
         "collector_python": platform.python_version(),
     }
     facts.update(interpreter_facts(python, short))
+    modules = tuple(probe_modules) if probes and facts["python"]["found"] else ()
+    # torch and each kernel import take seconds apiece (each imports torch): run them side by
+    # side while this thread reads the quick facts; parallel=False is the sequential baseline.
+    with ThreadPoolExecutor(max_workers=1 + len(modules)) as pool:
+        submit = pool.submit if parallel else _run_now
+        if facts["python"]["found"]:
+            torch_future = submit(torch_facts, python, timeout)
+        probe_futures = {name: submit(probe_one, python, timeout, name) for name in modules}
+        facts["nvidia_smi"] = nvidia_smi_facts(short)
+        facts["systemd"] = systemd_facts(unit, short)
+        env.update({k: v for k, v in facts["systemd"]["environment"].items() if k not in env})
+        facts["env"] = env
+        facts["nvcc"] = nvcc_facts(short, env)
+        home = os.path.expanduser("~")
+        exe_dir = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+        facts["disk"] = disk_facts(list(disk_paths) + [home, exe_dir, "/"])
+        facts["ports"] = port_facts(list(ports))
+        facts["processes"] = process_facts()
+        facts["health"] = health_facts(health_url, short) if health_url else None
     if facts["python"]["found"]:
-        facts["torch"] = torch_facts(python, timeout)
-        facts["probes"] = probe_facts(python, timeout) if probes else {}
+        facts["torch"] = torch_future.result()
     else:
         facts["torch"] = {"installed": None, "error": "interpreter not usable: " + python}
-        facts["probes"] = {}
-    facts["nvidia_smi"] = nvidia_smi_facts(short)
-    facts["systemd"] = systemd_facts(unit, short)
-    env.update({k: v for k, v in facts["systemd"]["environment"].items() if k not in env})
-    facts["env"] = env
-    facts["nvcc"] = nvcc_facts(short, env)
-    home = os.path.expanduser("~")
-    exe_dir = os.path.dirname(os.path.dirname(os.path.abspath(python)))
-    facts["disk"] = disk_facts(list(disk_paths) + [home, exe_dir, "/"])
-    facts["ports"] = port_facts(list(ports))
-    facts["processes"] = process_facts()
-    facts["health"] = health_facts(health_url, short) if health_url else None
+    facts["probes"] = {name: future.result() for name, future in probe_futures.items()}
     return facts
 
 
@@ -659,15 +717,21 @@ def collect_remote(
     result = connection.run(argv, stdin=source(), timeout=overall)
     stdout = result.stdout.decode() if isinstance(result.stdout, bytes) else result.stdout
     stderr = result.stderr.decode() if isinstance(result.stderr, bytes) else result.stderr
+    where = getattr(connection, "label", "the host")
     if result.returncode == 127 or "No such file or directory" in (stderr or "")[:200]:
         raise RemoteError(
-            f"the host has no {remote_python} to collect facts with",
+            f"{where}: no {remote_python} to collect facts with",
+            hint="install python3 (>= 3.8) on the host",
+        )
+    if "SyntaxError" in (stderr or ""):
+        raise RemoteError(
+            f"{where}: {remote_python} is too old to collect facts (needs 3.8 or newer)",
             hint="install python3 (>= 3.8) on the host",
         )
     facts = _json_from(stdout) if result.returncode == 0 else None
     if facts is None:
         raise RemoteError(
-            "collecting host facts failed: "
+            f"{where}: collecting host facts failed: "
             + (_last_lines(stderr, 1) or f"exit status {result.returncode}")
         )
     return facts

@@ -258,6 +258,7 @@ def test_snapshot_requires_python_is_enforced(a40):
     assert verdict.status is Status.PASS  # 3.11.5
     a40["python"]["version"] = "3.10.12"
     assert abi.check_python_version(a40, SnapshotABI(requires_python=">=3.11")).failed
+    assert abi.check_python_version(a40, SnapshotABI(requires_python=">=3.11,<3.14")).failed
 
 
 def test_installed_sglang_must_be_the_snapshot_version(h200):

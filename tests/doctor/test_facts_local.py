@@ -106,3 +106,21 @@ def test_unit_environment_keeps_only_whitelisted_names():
         "CUDA_VISIBLE_DEVICES": "GPU-1",
         "FLASHINFER_DISABLE_VERSION_CHECK": "1",
     }
+
+
+def test_gpu_query_rows_are_parsed():
+    # Not a capture: a row in nvidia-smi's documented `--format=csv,noheader,nounits` layout,
+    # filled with the values recorded on an H200 machine (UUID made up, marked as such).
+    fields = "index,name,uuid,driver_version,compute_cap,memory.used,memory.total,persistence_mode"
+    text = "0, NVIDIA H200, GPU-00000000-made-up-uuid, 580.159.04, 9.0, 0, 143771, Enabled\n"
+    (gpu,) = host_facts.parse_gpu_rows(text, fields)
+    assert gpu == {
+        "index": 0,
+        "name": "NVIDIA H200",
+        "uuid": "GPU-00000000-made-up-uuid",
+        "compute_cap": "9.0",
+        "memory_used_mib": 0,
+        "memory_total_mib": 143771,
+        "driver_version": "580.159.04",
+        "persistence_mode": "Enabled",
+    }
