@@ -186,6 +186,11 @@ def test_status_and_rollback_commands(site):
     assert (report["status"], report["release"]) == ("active", current)
     earlier = report["previous"]
     assert earlier is not None  # the first deploy's release
+    plain = ddtree("deploy", "--host", site.host.target, "--identity", str(site.host.client_key),
+                   "--known-hosts", str(site.known_hosts), "--config", str(site.config()),
+                   "--port", str(site.port), "--status")
+    assert plain.returncode == 0, plain.stderr
+    assert "active" in plain.stdout and current in plain.stdout and "{" not in plain.stdout
     code, out, err = site.deploy("--rollback")
     assert code == 0, err
     (report,) = out["hosts"]
