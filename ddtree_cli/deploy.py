@@ -144,10 +144,26 @@ def _fmt_bytes(n: int) -> str:
 # ---------------------------------------------------------------------------- preflight
 
 
+class _AsServiceUser:
+    """Runs commands as the user the service will run as (root unless ``remote.user``), so
+    preflight sees the interpreter, files and permissions the service will see."""
+
+    def __init__(self, conn: Connection, user: str | None):
+        self.conn = conn
+        self.user = user
+
+    def run(self, argv, stdin=None, timeout=None):
+        if self.user and self.user != self.conn.user:
+            return self.conn.run(["sudo", "-n", "-u", self.user, "--", *argv], stdin=stdin,
+                                 timeout=timeout)
+        return self.conn.run(argv, stdin=stdin, timeout=timeout, sudo=self.user is None)
+
+
 def preflight(conn: Connection, cfg: DeployConfig, host: HostSpec, python: str,
               manifest: Manifest) -> list[PreflightRow]:
     port = service.service_port(cfg, host)
-    facts = host_facts.collect_remote(conn, python=python, unit=cfg.unit_name, ports=[port],
+    facts = host_facts.collect_remote(_AsServiceUser(conn, cfg.user), python=python,
+                                      unit=cfg.unit_name, ports=[port],
                                       disk_paths=[cfg.remote_dir], probes=cfg.preflight_gpu,
                                       timeout=90)
     rows = []

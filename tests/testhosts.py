@@ -42,8 +42,9 @@ from pathlib import Path
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("DDTREE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "libstdc++6", "libgomp1", "rsync")
-ROOTFS_VERSION = "2"  # bump when PACKAGES or the image setup changes
+PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "libstdc++6", "libgomp1", "rsync",
+            "sudo")
+ROOTFS_VERSION = "3"  # bump when PACKAGES or the image setup changes
 
 
 def cache_dir() -> Path:
@@ -150,6 +151,17 @@ class TestHost:
                                f"{proc.stderr.decode(errors='replace')[-2000:]}")
         return proc
 
+    def add_sudo_user(self, name: str = "deployer") -> str:
+        """A non-root login with passwordless sudo and the same client key; returns its target."""
+        script = (f"id {name} >/dev/null 2>&1 || useradd -m -s /bin/sh {name}; "
+                  f"install -d -m 700 -o {name} -g {name} /home/{name}/.ssh; "
+                  f"install -m 600 -o {name} -g {name} /root/.ssh/authorized_keys "
+                  f"/home/{name}/.ssh/authorized_keys; "
+                  f"echo '{name} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{name}; "
+                  f"chmod 440 /etc/sudoers.d/{name}")
+        self.ssh(["sh", "-c", script])
+        return f"{name}@127.0.0.1:{self.ssh_port}"
+
     def reload_sshd(self) -> None:
         """Apply sshd_config changes and wait until sshd accepts connections again."""
         self.ssh(["systemctl", "reload", "ssh"])
@@ -184,7 +196,10 @@ class TestHost:
                 if subprocess.run(["umount", str(self.root)], capture_output=True).returncode == 0:
                     break
                 time.sleep(0.25)
+            else:
+                return  # still mounted: leave everything in place rather than delete through it
             self.mounted = False
+        shutil.rmtree(self.root, ignore_errors=True)
         shutil.rmtree(self.workdir / "upper", ignore_errors=True)
         shutil.rmtree(self.workdir / "work", ignore_errors=True)
 
@@ -208,8 +223,8 @@ def start_host(workdir: Path, *, binds_ro: Sequence[tuple[Path | str, str]] = ()
     root.mkdir(exist_ok=True)
     mounted = _mount_overlay(image, workdir, root)
     if not mounted:
-        shutil.rmtree(root)
-        shutil.copytree(image, root, symlinks=True)
+        root.rmdir()  # no overlayfs here (e.g. inside a container): a full copy instead
+        subprocess.run(["cp", "-a", str(image), str(root)], check=True, capture_output=True)
 
     port = free_port()
     _make_host_keys(root)

@@ -467,3 +467,33 @@ def test_staircase_corners(budget, shape):
         np.stack([np.random.default_rng(i).permutation(vocab) for i in range(3)])
     )
     check_batch(lp, ids[None], budget)
+
+
+def test_tree_made_elsewhere_needs_only_the_documented_fields():
+    built = dt.build_tree(torch.randn(2, 3, 20), 10)
+    bare = dt.DraftTree(
+        tokens=built.tokens,
+        parents=built.parents,
+        depths=built.depths,
+        visibility=built.visibility,
+        num_nodes=built.num_nodes,
+    )
+    target = biased_targets(np.random.default_rng(1), built, 20, 0.9)
+    a, b = dt.verify_walk(built, target), dt.verify_walk(bare, target)
+    assert b.accepted.shape == (2, 11)  # no depth known: as wide as the node slots
+    assert torch.equal(b.accepted[:, :4], a.accepted) and (b.accepted[:, 4:] == -1).all()
+    assert torch.equal(a.accept_len, b.accept_len) and torch.equal(a.bonus, b.bonus)
+
+
+def test_cpu_path_never_needs_triton(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "triton", None)  # `import triton` fails
+    dt._triton_importable.cache_clear()
+    try:
+        logits = torch.randn(2, 4, 30)
+        assert not dt._want_triton(logits, True)
+        tree = dt.build_tree(logits, 12, use_triton=True)
+        vi = dt.verify_inputs(tree, torch.tensor([1, 2]), torch.tensor([3, 4]), use_triton=True)
+        walk = dt.verify_walk(tree, vi.input_ids, use_triton=True)
+        assert walk.accept_len.shape == (2,)
+    finally:
+        dt._triton_importable.cache_clear()

@@ -186,12 +186,36 @@ def test_status_and_rollback_commands(site):
     assert (report["status"], report["release"]) == ("active", current)
     earlier = report["previous"]
     assert earlier is not None  # the first deploy's release
+    plain = ddtree("deploy", "--host", site.host.target, "--identity", str(site.host.client_key),
+                   "--known-hosts", str(site.known_hosts), "--config", str(site.config()),
+                   "--port", str(site.port), "--status")
+    assert plain.returncode == 0, plain.stderr
+    assert "active" in plain.stdout and current in plain.stdout and "{" not in plain.stdout
     code, out, err = site.deploy("--rollback")
     assert code == 0, err
     (report,) = out["hosts"]
     assert report["status"] == "rolled_back_on_request"
     assert site.current() == earlier == report["release"]
     assert generate(report["url"])["meta_info"]["completion_tokens"] == 16
+
+
+def test_non_root_login_with_passwordless_sudo(site):
+    target = site.host.add_sudo_user("deployer")
+    config = site.config("sudo")
+    text = config.read_text().replace("name: ddtree-embedded", "name: ddtree-sudo").replace(
+        "dir: /opt/ddtree/embedded", "dir: /opt/ddtree/sudo")
+    config.write_text(text)
+    port = free_port()
+    proc = ddtree("deploy", "--host", target, "--identity", str(site.host.client_key),
+                  "--known-hosts", str(site.known_hosts), "--config", str(config),
+                  "--port", str(port), "--json")
+    assert proc.returncode == 0, proc.stderr
+    (report,) = json.loads(proc.stdout)["hosts"]
+    assert report["status"] == "deployed" and report["host"] == target
+    assert site.remote("systemctl", "is-active", "ddtree-sudo.service") == "active"
+    assert site.remote("stat", "-c", "%U", "/etc/systemd/system/ddtree-sudo.service") == "root"
+    assert generate(report["url"])["meta_info"]["completion_tokens"] == 16
+    site.remote("systemctl", "disable", "--now", "ddtree-sudo.service")
 
 
 def test_changed_host_key_is_refused(site):
