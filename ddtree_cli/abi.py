@@ -582,6 +582,32 @@ def check_flashinfer_versions(facts: dict) -> Verdict:
     return passed("flashinfer.versions", listing)
 
 
+def check_jit_cache(facts: dict) -> Verdict:
+    """Kernels FlashInfer JIT-compiled earlier must link the libcudart of torch's CUDA major:
+    a cache built by another nvcc is reused silently and fails at launch."""
+    cache = facts.get("jit_cache") or {}
+    if not cache.get("dirs"):
+        return skipped("flashinfer.jit_cache", "no FlashInfer JIT cache on this host")
+    major = torch_cuda_major(facts)
+    if major is None:
+        return skipped("flashinfer.jit_cache", "torch has no CUDA build to compare with")
+    linked = cache.get("cudart") or {}
+    wrong = {lib: e for lib, e in linked.items() if lib != f"libcudart.so.{major}"}
+    dirs = " ".join(cache["dirs"])
+    if wrong:
+        lib, entry = sorted(wrong.items())[0]
+        return failed(
+            "flashinfer.jit_cache",
+            f"{entry['count']} cached kernel(s) link {lib} but torch uses CUDA {major} "
+            f"(e.g. {entry['example']})",
+            f"rm -rf {dirs}  (FlashInfer rebuilds what it needs at the next start)",
+        )
+    return passed(
+        "flashinfer.jit_cache",
+        f"{cache.get('files', 0)} cached kernel(s) in {dirs}, none built for another CUDA",
+    )
+
+
 def check_flashinfer_version_check_env(facts: dict) -> Verdict:
     value = (facts.get("env") or {}).get("FLASHINFER_DISABLE_VERSION_CHECK")
     if value in (None, "", "0"):
@@ -677,6 +703,7 @@ ABI_CHECKS: list[Callable[[dict], Verdict]] = [
     check_nvcc,
     check_cuda_packages,
     check_flashinfer_versions,
+    check_jit_cache,
     check_flashinfer_version_check_env,
     check_sglang_pins,
     _probe_check("sgl_kernel"),

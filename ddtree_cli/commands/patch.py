@@ -42,7 +42,10 @@ def patch(
         ),
     ] = None,
     check: Annotated[
-        bool, typer.Option("--check", help="Report applied | pristine | drifted; exit 0 only if applied.")
+        bool,
+        typer.Option(
+            "--check", help="Report applied | pristine | drifted; exit 0 only if applied."
+        ),
     ] = False,
     dry_run: DryRunOpt = False,
     revert: Annotated[
@@ -50,24 +53,34 @@ def patch(
     ] = False,
     export: Annotated[
         Path | None,
-        typer.Option("--export", metavar="FILE", help="Write the patch as one file for `git apply`."),
+        typer.Option(
+            "--export", metavar="FILE", help="Write the patch as one file for `git apply`."
+        ),
     ] = None,
     fetch_version: Annotated[
         str | None,
-        typer.Option("--fetch", metavar="VERSION", help="Download that sglang wheel and extract it."),
+        typer.Option(
+            "--fetch", metavar="VERSION", help="Download that sglang wheel and extract it."
+        ),
     ] = None,
     into: Annotated[
         Path | None,
-        typer.Option("--into", metavar="DIR", help="Where --fetch extracts (default ./sglang-VERSION)."),
+        typer.Option(
+            "--into", metavar="DIR", help="Where --fetch extracts (default ./sglang-VERSION)."
+        ),
     ] = None,
     force: Annotated[
         bool,
-        typer.Option("--force", help="Match hunks by their context on unknown or edited snapshots."),
+        typer.Option(
+            "--force", help="Match hunks by their context on unknown or edited snapshots."
+        ),
     ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Add the DDTREE speculative algorithm to an SGLang snapshot (atomic, revertible)."""
-    modes = [m for m, on in (("--check", check), ("--dry-run", dry_run), ("--revert", revert)) if on]
+    modes = [
+        m for m, on in (("--check", check), ("--dry-run", dry_run), ("--revert", revert)) if on
+    ]
     if len(modes) > 1:
         raise DdtreeError(f"{' and '.join(modes)} cannot be combined", exit_code=ExitCode.USAGE)
     if into is not None and fetch_version is None:
@@ -77,15 +90,23 @@ def patch(
     if fetch_version is not None:
         if snapshot_path is not None:
             raise DdtreeError("give either SNAPSHOT or --fetch, not both", exit_code=ExitCode.USAGE)
-        if not json_out:
-            info(f"Downloading sglang {fetch_version} from the package index…")
-        snapshot_path = fetch.fetch(fetch_version, into)
+        if json_out or not err_console.is_terminal:
+            snapshot_path = fetch.fetch(fetch_version, into)
+        else:
+            with err_console.status(f"Fetching sglang {fetch_version} from the package index…"):
+                snapshot_path = fetch.fetch(fetch_version, into)
         out["fetched"] = str(snapshot_path)
         if not (check or dry_run or revert or export):
             # Fetching alone prepares a pristine snapshot; patching is the next explicit step.
             snap = snapshot.detect(snapshot_path)
-            out.update(snapshot=_snapshot_json(snap), supported=snap.version in supported_versions())
-            _finish(json_out, out, f"Extracted sglang {snap.version} ({snap.layout.value}) to {snap.root}")
+            out.update(
+                snapshot=_snapshot_json(snap), supported=snap.version in supported_versions()
+            )
+            _finish(
+                json_out,
+                out,
+                f"Extracted sglang {snap.version} ({snap.layout.value}) to {snap.root}",
+            )
             return
 
     snap = snapshot.detect(snapshot_path or Path.cwd())
@@ -96,7 +117,11 @@ def patch(
         export.write_text(text, encoding="utf-8")
         out["exported"] = str(export)
         if not (check or dry_run or revert):
-            _finish(json_out, out, f"Wrote {export} (apply with `git apply` from {snap.git_root or snap.root})")
+            _finish(
+                json_out,
+                out,
+                f"Wrote {export} (apply with `git apply` from {snap.git_root or snap.root})",
+            )
             return
 
     if check:
@@ -104,7 +129,9 @@ def patch(
         out.update(
             state=result.state.value,
             series=result.series_version,
-            files=[{"path": f.path, "state": f.state.value, "detail": f.detail} for f in result.files],
+            files=[
+                {"path": f.path, "state": f.state.value, "detail": f.detail} for f in result.files
+            ],
         )
         if json_out:
             emit_json(out)
@@ -117,7 +144,9 @@ def patch(
 
     if revert:
         result = engine.revert(snap, force=force)
-        out.update(restored=result.restored, removed=result.removed, nothing_to_do=result.nothing_to_do)
+        out.update(
+            restored=result.restored, removed=result.removed, nothing_to_do=result.nothing_to_do
+        )
         message = (
             f"{snap.root} carries no ddtree patch; nothing to revert"
             if result.nothing_to_do

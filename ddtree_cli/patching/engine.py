@@ -163,8 +163,7 @@ def plan(snapshot: Snapshot, *, force: bool = False) -> tuple[Series, list[FileC
     if result.state is State.DRIFTED and not force:
         if _manifest(snapshot) is not None:
             raise DdtreeError(
-                f"{snapshot.root} was patched and then changed: "
-                + _drift_summary(result.files),
+                f"{snapshot.root} was patched and then changed: " + _drift_summary(result.files),
                 hint="run `ddtree patch --revert --force` to restore the originals",
             )
         raise DdtreeError(
@@ -200,7 +199,9 @@ def plan(snapshot: Snapshot, *, force: bool = False) -> tuple[Series, list[FileC
 def _drift_summary(files: list[FileState]) -> str:
     drifted = [f"{f.path} ({f.detail})" for f in files if f.state is State.DRIFTED]
     if drifted:
-        return ", ".join(drifted[:3]) + (f" and {len(drifted) - 3} more" if len(drifted) > 3 else "")
+        return ", ".join(drifted[:3]) + (
+            f" and {len(drifted) - 3} more" if len(drifted) > 3 else ""
+        )
     return "partly patched"
 
 
@@ -210,7 +211,9 @@ def _compile(rel: str, data: bytes) -> None:
     try:
         compile(data, rel, "exec", dont_inherit=True)
     except SyntaxError as exc:
-        raise DdtreeError(f"patched {rel} does not compile: {exc.msg} (line {exc.lineno})") from None
+        raise DdtreeError(
+            f"patched {rel} does not compile: {exc.msg} (line {exc.lineno})"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -243,7 +246,9 @@ def _stage(path: Path, data: bytes, mode_from: Path | None) -> Path:
     return Path(tmp)
 
 
-def commit_files(root: Path, writes: dict[str, bytes | None], originals: dict[str, bytes | None]) -> None:
+def commit_files(
+    root: Path, writes: dict[str, bytes | None], originals: dict[str, bytes | None]
+) -> None:
     """Write (bytes) or delete (None) every path under ``root``, all or nothing.
 
     ``originals`` holds each path's current content (None: absent) for the rollback.
@@ -287,7 +292,9 @@ def _rollback(root: Path, done: list[str], originals: dict[str, bytes | None]) -
                 os.replace(_stage(target, original, target), target)
 
 
-def _write_state(snapshot: Snapshot, series: Series, changes: list[FileChange], forced: bool) -> Path:
+def _write_state(
+    snapshot: Snapshot, series: Series, changes: list[FileChange], forced: bool
+) -> Path:
     """Write the state folder under a temporary name; the caller renames it into place."""
     tmp = Path(tempfile.mkdtemp(prefix=".ddtree-state-", dir=snapshot.root))
     originals = tmp / "originals"
@@ -421,4 +428,8 @@ def _prefix_paths(text: str, prefix: str) -> str:
     return "".join(out)
 
 
-CHECK_EXIT = {State.APPLIED: ExitCode.OK, State.PRISTINE: ExitCode.CHECK_FAILED, State.DRIFTED: ExitCode.CHECK_FAILED}
+CHECK_EXIT = {
+    State.APPLIED: ExitCode.OK,
+    State.PRISTINE: ExitCode.CHECK_FAILED,
+    State.DRIFTED: ExitCode.CHECK_FAILED,
+}

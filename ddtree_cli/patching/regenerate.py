@@ -38,13 +38,16 @@ def regenerate(pristine: Path, edited: Path, version: str, layout: str) -> Path:
             new_files.append(rel)
         else:
             pristine_hashes[rel] = sha256(old)
-        chunks.append(
-            unidiff.make(rel, None if old is None else old.decode(), after[rel].decode())
-        )
+        chunks.append(unidiff.make(rel, None if old is None else old.decode(), after[rel].decode()))
     out = series_dir_on_disk(version)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ddtree.patch").write_text("".join(chunks), encoding="utf-8")
-    meta = {"version": version, "layout": layout, "pristine": pristine_hashes, "new_files": new_files}
+    meta = {
+        "version": version,
+        "layout": layout,
+        "pristine": pristine_hashes,
+        "new_files": new_files,
+    }
     (out / "series.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out
 

@@ -145,7 +145,11 @@ def reverse(diff: FileDiff) -> FileDiff:
     """The diff that undoes ``diff`` (used to recognise an already-patched file)."""
     swap = {"+": "-", "-": "+", " ": " "}
     hunks = [
-        Hunk(old_start=h.new_start, new_start=h.old_start, lines=[swap[ln[0]] + ln[1:] for ln in h.lines])
+        Hunk(
+            old_start=h.new_start,
+            new_start=h.old_start,
+            lines=[swap[ln[0]] + ln[1:] for ln in h.lines],
+        )
         for h in diff.hunks
     ]
     return FileDiff(path=diff.path, hunks=hunks, new_file=False)

@@ -27,7 +27,8 @@ arch_list (["sm_90", ...]), device_count, devices [{name, capability}], warnings
 [{index, name, uuid, compute_cap, memory_used_mib, memory_total_mib,
 persistence_mode}], compute_apps
 [{pid, process_name, gpu_uuid, used_memory_mib}], error},
-``nvcc`` {present, path, release ("13.0"), error}, ``env`` {whitelisted variables,
+``nvcc`` {present, path, release ("13.0"), error}, ``jit_cache`` {dirs, files, cudart
+{"libcudart.so.12": {count, example}}, errors} (FlashInfer's JIT cache under ~/.cache), ``env`` {whitelisted variables,
 from the process and from the unit's Environment=}, ``disk`` [{path, free_bytes,
 total_bytes}], ``systemd`` {present, unit, properties {LoadState, ActiveState, SubState,
 Result, ExecMainStatus, ExecMainPID, NRestarts, LimitNOFILE, KillMode, PrivateDevices, ...},
@@ -47,6 +48,7 @@ import platform
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -398,6 +400,29 @@ def _parse_environment_property(value: str) -> dict:
     return found
 
 
+_SECRET_PATTERNS = (
+    # --api-key VALUE / --admin-api-key=VALUE on a logged command line
+    (re.compile(r"(--[\w-]*(?:key|token|secret|password))(\s+|=)(\S+)", re.I), r"\1\2***"),
+    # api_key='...', HF_TOKEN=..., "password": "..." in logged settings
+    (
+        re.compile(
+            r"(\b[\w-]*(?:api_key|apikey|token|secret|password)['\"]?\s*[=:]\s*['\"]?)"
+            r"([^'\",\s)]+)",
+            re.I,
+        ),
+        r"\1***",
+    ),
+    (re.compile(r"\bhf_[A-Za-z0-9]{8,}"), "hf_***"),
+)
+
+
+def redact(line: str) -> str:
+    """Mask credentials a server may log (SGLang logs its full server args at start)."""
+    for pattern, replacement in _SECRET_PATTERNS:
+        line = pattern.sub(replacement, line)
+    return line
+
+
 def parse_server_args(exec_start: str) -> dict:
     """Whitelisted ``--flag value`` pairs from systemd's ``ExecStart={ ... argv[]=... ; }``."""
     match = re.search(r"argv\[\]=(.*?)(?: ;|$)", exec_start or "")
@@ -439,7 +464,7 @@ def systemd_facts(unit: str | None, timeout: float, journal_lines: int = 20) -> 
             timeout,
         )
         if rc == 0:
-            facts["journal"] = [line for line in out.splitlines() if line.strip()]
+            facts["journal"] = [redact(line) for line in out.splitlines() if line.strip()]
         else:
             facts["error"] = "journalctl: " + (_last_lines(err) or f"exit status {rc}")
     return facts
@@ -532,6 +557,64 @@ def process_facts() -> list[dict]:
     return found
 
 
+def elf_needed(path: str) -> list[str]:
+    """DT_NEEDED entries of an ELF shared object (what ``readelf -d`` lists as NEEDED)."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if data[:4] != b"\x7fELF":
+        return []
+    wide, order = data[4] == 2, "<" if data[5] == 1 else ">"
+    if wide:
+        (shoff,) = struct.unpack_from(order + "Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from(order + "HH", data, 0x3A)
+        section, dyn = order + "IIQQQQIIQQ", order + "qQ"
+    else:
+        (shoff,) = struct.unpack_from(order + "I", data, 0x20)
+        shentsize, shnum = struct.unpack_from(order + "HH", data, 0x2E)
+        section, dyn = order + "IIIIIIIIII", order + "iI"
+    sections = [struct.unpack_from(section, data, shoff + i * shentsize) for i in range(shnum)]
+    needed = []
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 6:  # SHT_DYNAMIC
+            continue
+        strtab = sections[link][4]
+        for start in range(offset, offset + size, entsize or struct.calcsize(dyn)):
+            tag, value = struct.unpack_from(dyn, data, start)
+            if tag == 0:
+                break
+            if tag == 1:  # DT_NEEDED
+                end = data.index(b"\0", strtab + value)
+                needed.append(data[strtab + value : end].decode(errors="replace"))
+    return needed
+
+
+def jit_cache_facts(env: dict, limit: int = 2000) -> dict:
+    """Which libcudart the FlashInfer JIT cache's kernels were built against."""
+    bases = [os.path.expanduser("~")]
+    if env.get("FLASHINFER_WORKSPACE_BASE"):
+        bases.insert(0, env["FLASHINFER_WORKSPACE_BASE"])
+    caches = [os.path.join(base, ".cache", "flashinfer") for base in bases]
+    found = [c for c in caches if os.path.isdir(c)]
+    facts: dict = {"dirs": found, "files": 0, "cudart": {}, "errors": 0}
+    for cache in found:
+        for folder, _, names in os.walk(cache):
+            for name in names:
+                if not name.endswith(".so") or facts["files"] >= limit:
+                    continue
+                path = os.path.join(folder, name)
+                facts["files"] += 1
+                try:
+                    libs = elf_needed(path)
+                except (OSError, ValueError, IndexError, struct.error):
+                    facts["errors"] += 1
+                    continue
+                for lib in libs:
+                    if lib.startswith("libcudart.so."):
+                        entry = facts["cudart"].setdefault(lib, {"count": 0, "example": path})
+                        entry["count"] += 1
+    return facts
+
+
 def disk_facts(paths: list[str]) -> list[dict]:
     facts, seen = [], set()
     for path in paths:
@@ -621,6 +704,7 @@ def gather(
         env.update({k: v for k, v in facts["systemd"]["environment"].items() if k not in env})
         facts["env"] = env
         facts["nvcc"] = nvcc_facts(short, env)
+        facts["jit_cache"] = jit_cache_facts(env)
         home = os.path.expanduser("~")
         exe_dir = os.path.dirname(os.path.dirname(os.path.abspath(python)))
         facts["disk"] = disk_facts(list(disk_paths) + [home, exe_dir, "/"])

@@ -6,7 +6,9 @@ source named in the test (e.g. the RTX 5090 arch list from torch's own warning).
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 
@@ -287,3 +289,43 @@ def test_every_rule_survives_empty_facts():
     verdicts = abi.run_abi_checks({})
     assert len(verdicts) == len(abi.ABI_CHECKS) + len(abi.SNAPSHOT_CHECKS)
     assert by_id(verdicts)["gpu.driver"].status is Status.FAIL
+
+
+# torch's wheel ships plain ELF shared objects; found without importing torch.
+TORCH_LIB = Path(importlib.util.find_spec("torch").origin).parent / "lib"
+
+
+def _elf_needing(tmp_path, soname: bytes, into):
+    """A real shared object from torch's wheel whose NEEDED libpthread.so.0 is rewritten to
+    ``soname`` (same length), as a JIT cache entry built by another nvcc would link it."""
+    source = TORCH_LIB / "libtorch_global_deps.so"
+    data = source.read_bytes()
+    assert data.count(b"libpthread.so.0\0") >= 1 and len(soname) == len(b"libpthread.so.0")
+    into.parent.mkdir(parents=True, exist_ok=True)
+    into.write_bytes(data.replace(b"libpthread.so.0\0", soname + b"\0"))
+    return into
+
+
+def test_elf_reader_agrees_with_readelf_on_a_real_library():
+    needed = host_facts.elf_needed(str(TORCH_LIB / "libtorch_global_deps.so"))
+    assert "libc.so.6" in needed and "libpthread.so.0" in needed
+
+
+def test_jit_cache_built_for_cuda_12_fails_next_to_a_cu130_torch(h200, tmp_path):
+    cache = tmp_path / ".cache" / "flashinfer" / "0.6.12" / "90" / "cached_ops" / "sampling"
+    _elf_needing(tmp_path, b"libcudart.so.12", cache / "sampling.so")
+    _elf_needing(tmp_path, b"libcudart.so.13", cache.parent / "norm" / "norm.so")
+    h200["jit_cache"] = host_facts.jit_cache_facts({"FLASHINFER_WORKSPACE_BASE": str(tmp_path)})
+    assert h200["jit_cache"]["files"] == 2
+    verdict = abi.check_jit_cache(h200)
+    assert verdict.status is Status.FAIL
+    assert "1 cached kernel(s) link libcudart.so.12 but torch uses CUDA 13" in verdict.detail
+    assert verdict.fix.startswith(f"rm -rf {tmp_path / '.cache' / 'flashinfer'}")
+    (cache / "sampling.so").unlink()
+    h200["jit_cache"] = host_facts.jit_cache_facts({"FLASHINFER_WORKSPACE_BASE": str(tmp_path)})
+    assert abi.check_jit_cache(h200).status is Status.PASS
+
+
+def test_no_jit_cache_is_a_skip(h200):
+    h200["jit_cache"] = {"dirs": [], "files": 0, "cudart": {}, "errors": 0}
+    assert abi.check_jit_cache(h200).status is Status.SKIP

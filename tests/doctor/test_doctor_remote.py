@@ -44,7 +44,7 @@ def host(tmp_path_factory):
         unit = textwrap.dedent(f"""\
             [Service]
             Type=exec
-            ExecStart=/bin/sh -c 'echo "{CRASH_LINE}" >&2; exit 3' sh --attention-backend fa3
+            ExecStart=/bin/sh -c 'echo "ServerArgs(api_key=s3cretvalue)" >&2; echo "{CRASH_LINE}" >&2; exit 3' sh --attention-backend fa3
             KillMode=process
             LimitNOFILE=1024
             """)
@@ -112,6 +112,9 @@ def test_a_crashed_unit_shows_its_journal_lines(trusted):
     assert "crashy failed: result exit-code, exit status 3" in unit["detail"]
     assert "undefined symbol: _ZN3c104cuda9SetDeviceEa" in unit["detail"]
     assert "journalctl -u crashy.service" in unit["fix"]
+    # The server's logged settings are shown with the credential masked, never in clear.
+    assert "ServerArgs(api_key=***)" in unit["detail"]
+    assert "s3cretvalue" not in result.stdout
     settings = checks_by_id(result.stdout)["service.settings"]
     assert settings["status"] == "warn"
     assert "KillMode=process leaves sglang:: children running" in settings["detail"]

@@ -124,3 +124,14 @@ def test_gpu_query_rows_are_parsed():
         "driver_version": "580.159.04",
         "persistence_mode": "Enabled",
     }
+
+
+def test_journal_redaction_masks_credentials_and_keeps_diagnostics():
+    line = (
+        "server_args=ServerArgs(model_path='/m', api_key='sk-1', skip_tokenizer_init=True, "
+        "max_total_tokens=1000) --api-key s3 HF_TOKEN=hf_abcdefghijkl token_usage=0.5"
+    )
+    assert host_facts.redact(line) == (
+        "server_args=ServerArgs(model_path='/m', api_key='***', skip_tokenizer_init=True, "
+        "max_total_tokens=1000) --api-key *** HF_TOKEN=*** token_usage=0.5"
+    )

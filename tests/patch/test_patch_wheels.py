@@ -142,7 +142,9 @@ def test_dry_run_prints_the_diff_and_writes_nothing(snapshot_copy):
     assert "+    DDTREE = auto()" in data["diff"]
     assert "+++ b/sglang/srt/speculative/ddtree_worker.py" in data["diff"]
     plain = run_cli(str(root), "--dry-run")
-    assert plain.returncode == 0 and "diff --git a/sglang/srt/speculative/spec_info.py" in plain.stdout
+    assert (
+        plain.returncode == 0 and "diff --git a/sglang/srt/speculative/spec_info.py" in plain.stdout
+    )
     assert tree_digest(root) == before
 
 

@@ -1,0 +1,478 @@
+"""Run inside the SGLang venv against a patched snapshot; print one JSON object of facts.
+
+Usage: python probe_sglang.py SNAPSHOT_ROOT LAYOUT MODELS_DIR
+
+It imports the patched modules on CPU and exercises what runs without a GPU: algorithm
+lookup, the CLI parser, server-argument validation, the workers' argument checks, and the
+DDTree verify input against SGLang's own tree-verify contract. It reports facts; the test
+decides what is right. Nothing here imports ddtree_cli.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import warnings
+
+warnings.filterwarnings("ignore")
+ROOT, LAYOUT, MODELS = sys.argv[1:4]
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+from sglang.srt.speculative import ddtree_tree  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo  # noqa: E402
+
+V2 = LAYOUT == "v2"
+out: dict = {}
+
+
+def error_of(fn) -> str | None:
+    try:
+        fn()
+    except Exception as exc:  # the probe reports the error; the test judges it
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def server_args(**overrides) -> ServerArgs:
+    if V2:  # 0.5.23: construction is cheap; resolution is a separate step
+        return ServerArgs(**overrides)
+    # 0.5.13: __post_init__ resolves everything (GPU probing); take the field defaults.
+    args = ServerArgs.__new__(ServerArgs)
+    for field in dataclasses.fields(ServerArgs):
+        if field.default is not dataclasses.MISSING:
+            setattr(args, field.name, field.default)
+        elif field.default_factory is not dataclasses.MISSING:
+            setattr(args, field.name, field.default_factory())
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    return args
+
+
+def resolved(args, name):
+    if V2:
+        from sglang.srt.arg_groups.model_override_base import resolving_view
+
+        return getattr(resolving_view(args), name)
+    return getattr(args, name)
+
+
+# --- algorithm lookup and the plugin registry
+algo = SpeculativeAlgorithm.from_string("ddtree")
+out["algorithm"] = {
+    "name": algo.name,
+    "is_ddtree": algo.is_ddtree(),
+    "is_dflash": algo.is_dflash(),
+    "dflash_is_ddtree": SpeculativeAlgorithm.DFLASH.is_ddtree(),
+}
+out["plugin_register_error"] = error_of(
+    lambda: SpeculativeAlgorithm.register("DDTREE_PROBE_PLUGIN", spec_class=CustomSpecAlgo)(
+        lambda sa: object
+    )
+)
+out["plugin_is_ddtree"] = SpeculativeAlgorithm.from_string("ddtree_probe_plugin").is_ddtree()
+
+# --- the CLI parser
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+ns = parser.parse_args(
+    ["--model-path", "m", "--speculative-algorithm", "DDTREE",
+     "--speculative-ddtree-budget", "15", "--speculative-ddtree-allow-hybrid"]
+)  # fmt: skip
+out["cli"] = {
+    "algorithm": ns.speculative_algorithm,
+    "budget": ns.speculative_ddtree_budget,
+    "allow_hybrid": ns.speculative_ddtree_allow_hybrid,
+}
+
+# --- server-argument validation
+from sglang.srt.arg_groups.speculative_hook import _handle_ddtree  # noqa: E402
+
+base = dict(
+    model_path=f"{MODELS}/dense", speculative_algorithm="DDTREE",
+    speculative_draft_model_path=f"{MODELS}/dense", speculative_num_draft_tokens=16,
+    attention_backend="triton", page_size=1, device="cuda",
+)  # fmt: skip
+cases = {
+    "ok_triton": {},
+    "ok_flashinfer": {"attention_backend": "flashinfer"},
+    "page_size_4": {"page_size": 4},
+    "fa3": {"attention_backend": "fa3"},
+    "budget_7": {"speculative_ddtree_budget": 7},
+    "hybrid": {"model_path": f"{MODELS}/hybrid"},
+    "hybrid_override": {"model_path": f"{MODELS}/hybrid", "speculative_ddtree_allow_hybrid": True},
+}
+out["handle"] = {}
+for name, overrides in cases.items():
+    args = server_args(**{**base, **overrides})
+    err = error_of(lambda args=args: _handle_ddtree(args))
+    entry = {"error": err}
+    if err is None:
+        entry["budget"] = resolved(args, "speculative_ddtree_budget")
+        entry["disable_overlap_schedule"] = resolved(args, "disable_overlap_schedule")
+    out["handle"][name] = entry
+
+# --- the workers know their algorithm
+if V2:
+    from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2 as TreeWorker
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2 as ChainWorker
+
+    def construct(cls, args):
+        return cls(args, 0, 0, None)
+else:
+    from sglang.srt.speculative.ddtree_worker import DDTreeWorker as TreeWorker
+    from sglang.srt.speculative.dflash_worker import DFlashWorker as ChainWorker
+
+    def construct(cls, args):
+        return cls(args, 0, 0, None, 0, 0, 0, 0, None)
+
+
+out["tree_worker_with_dflash"] = error_of(
+    lambda: construct(TreeWorker, server_args(**{**base, "speculative_algorithm": "DFLASH"}))
+)
+out["chain_worker_with_eagle"] = error_of(
+    lambda: construct(ChainWorker, server_args(**{**base, "speculative_algorithm": "EAGLE"}))
+)
+out["create_worker"] = {}
+for overlap_off in (True, False):
+    args = server_args(**{**base, "disable_overlap_schedule": overlap_off})
+    try:
+        out["create_worker"][str(overlap_off)] = algo.create_worker(args).__name__
+    except Exception as exc:
+        out["create_worker"][str(overlap_off)] = f"{type(exc).__name__}: {exc}"
+
+# --- the verify input, against what SGLang's kernels and triton backend read
+if V2:
+    from sglang.srt.speculative.ddtree_info_v2 import DDTreeVerifyInputV2 as VerifyInput
+else:
+    from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput as VerifyInput
+
+
+def kernel_walk(candidates, retrieve_index, next_token, next_sibling, target_predict):
+    """SGLang's greedy tree verify, step by step as its kernels define it: from the last
+    accepted node go to its first child, then along next siblings, until a child's token
+    equals the target's token at the last accepted node (spec_tree.py, tree.cuh)."""
+    bs, d = candidates.shape
+    accept = torch.full((bs, d), -1, dtype=torch.int64)
+    for b in range(bs):
+        last = int(retrieve_index[b, 0])
+        accept[b, 0] = last
+        cur = 0
+        for step in range(1, d):
+            cur = int(next_token[b, cur])
+            target = int(target_predict.view(-1)[last])
+            while cur != -1 and int(candidates[b, cur]) != target:
+                cur = int(next_sibling[b, cur])
+            if cur == -1:
+                break
+            last = int(retrieve_index[b, cur])
+            accept[b, step] = last
+    return accept
+
+
+def triton_walk(candidates, retrieve_index, next_token, next_sibling, target_predict):
+    from sglang.kernels.ops.speculative import spec_tree
+
+    bs, d = candidates.shape
+    predicts = torch.full((bs * d,), -1, dtype=torch.int32)
+    accept = torch.full((bs, d), -1, dtype=torch.int32)
+    num = torch.zeros((bs,), dtype=torch.int32)
+    spec_tree.verify_tree_greedy_kernel_triton[(bs,)](
+        predicts, accept, num, candidates, retrieve_index, next_token, next_sibling,
+        target_predict, batch_size=bs, num_speculative_tokens=d, num_draft_tokens=d,
+    )  # fmt: skip
+    return accept.to(torch.int64)
+
+
+gen = torch.Generator().manual_seed(0)
+mask_errors, position_errors, walk_mismatch, triton_mismatch, trials = [], 0, 0, 0, 0
+deepest = 0
+for trial in range(12):
+    bs, n_pos, vocab, budget = 3, 15, 40 + trial, 15
+    logits = torch.randn(bs, n_pos, vocab, generator=gen) * 2.0
+    tree = ddtree_tree.build_tree(logits, budget)
+    prefix = torch.randint(0, 30, (bs,), generator=gen)
+    roots = torch.randint(0, vocab, (bs,), generator=gen)
+    vi = VerifyInput.from_tree(tree, roots, prefix)
+    d = vi.draft_token_num
+    # Triton backend (TARGET_VERIFY): mask_indptr = cumsum(D * (seq_lens + D)); row q of
+    # request b starts at mask_indptr[b] + q * (seq_lens[b] + D); True = may attend.
+    seq_mask_len = d * (prefix + d)
+    mask_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(seq_mask_len, 0)])
+    if vi.custom_mask.numel() != int(mask_indptr[-1]):
+        mask_errors.append(f"numel {vi.custom_mask.numel()} != {int(mask_indptr[-1])}")
+    for b in range(bs):
+        p = int(prefix[b])
+        block = vi.custom_mask[int(mask_indptr[b]) : int(mask_indptr[b + 1])].view(d, p + d)
+        if not bool(block[:, :p].all()):
+            mask_errors.append(f"prefix columns of request {b} not all visible")
+        # ancestor-or-self from the parent chain, independently of ddtree_tree
+        parents = tree.parents[b].tolist()
+        for q in range(d):
+            allowed = set()
+            node = q
+            while node >= 0:
+                allowed.add(node)
+                node = parents[node] if node <= int(tree.num_nodes[b]) else -1
+            row = [bool(x) for x in block[q, p:]]
+            if row != [k in allowed for k in range(d)]:
+                mask_errors.append(f"request {b} row {q}")
+    expected_pos = (prefix.unsqueeze(1) + tree.depths).reshape(-1)
+    position_errors += int((vi.positions.cpu() != expected_pos).sum())
+
+    # A target that follows a random drafted path, so deep acceptance is exercised.
+    candidates = vi.draft_token.view(bs, d)
+    target = torch.randint(0, vocab, (bs, d), generator=gen)
+    for b in range(bs):
+        if trial % 2:  # the deepest node, else a random one
+            node = int(torch.argmax(tree.depths[b]))
+        else:
+            node = int(torch.randint(1, int(tree.num_nodes[b]) + 1, (1,), generator=gen))
+        while node > 0:
+            parent = int(tree.parents[b, node])
+            target[b, parent] = candidates[b, node]
+            node = parent
+    flat_target = target.reshape(-1)
+    walk = ddtree_tree.verify_walk(tree, target)
+    offsets = torch.arange(bs).unsqueeze(1) * d
+    reference = torch.full((bs, d), -1, dtype=torch.int64)
+    width = walk.accepted.shape[1]
+    reference[:, :width] = torch.where(walk.accepted >= 0, walk.accepted + offsets, -1)
+    deepest = max(deepest, int(walk.accept_len.max()))
+    args = (candidates, vi.retrieve_index, vi.retrieve_next_token, vi.retrieve_next_sibling)
+    walk_mismatch += int((kernel_walk(*args, flat_target) != reference).any(1).sum())
+    if V2:
+        triton_mismatch += int((triton_walk(*args, target) != reference).any(1).sum())
+    trials += bs
+
+out["verify_input"] = {
+    "trials": trials,
+    "mask_errors": mask_errors[:5],
+    "position_errors": position_errors,
+    "kernel_walk_mismatches": walk_mismatch,
+    "triton_kernel_mismatches": triton_mismatch if V2 else None,
+    "deepest_accept_len": deepest,
+    "draft_token_num": d,
+    "retrieve_dtype": str(vi.retrieve_index.dtype),
+}
+dummy_mask = torch.ones(8, dtype=torch.bool)
+target_dummy = VerifyInput.capture_dummy(
+    draft_token_num=16, custom_mask=dummy_mask, is_draft_worker=False
+)
+draft_dummy = VerifyInput.capture_dummy(
+    draft_token_num=16, custom_mask=dummy_mask, is_draft_worker=True
+)
+out["capture_dummy"] = {
+    "target_has_mask": target_dummy.custom_mask is dummy_mask,
+    "draft_has_mask": draft_dummy.custom_mask is not None,
+    "target_capture_hidden": target_dummy.capture_hidden_mode.name,
+    "draft_capture_hidden": draft_dummy.capture_hidden_mode.name,
+}
+if not V2:
+    out["prepare_page_size_4"] = error_of(lambda: vi.prepare_for_verify(types.SimpleNamespace(), 4))
+
+
+# --- one verify round end to end on CPU, with stand-ins only for the GPU: the CUDA
+# greedy-verify op (replaced by SGLang's Triton kernel on 0.5.23, by the transcription on
+# 0.5.13, where the op exists only in sgl_kernel), the KV allocator and the requests.
+# SGLang's Triton bookkeeping kernels run for real in the Triton interpreter.
+def greedy_standin(predicts, accept_index, accept_token_num, candidates, retrieve_index,
+                   retrieve_next_token, retrieve_next_sibling, target_predict, **_):  # fmt: skip
+    if V2:
+        accept = triton_walk(candidates, retrieve_index, retrieve_next_token,
+                             retrieve_next_sibling, target_predict)  # fmt: skip
+    else:
+        accept = kernel_walk(candidates, retrieve_index, retrieve_next_token,
+                             retrieve_next_sibling, target_predict.reshape(-1))  # fmt: skip
+    accept_index.copy_(accept.to(accept_index.dtype))
+    accept_token_num.copy_(((accept >= 0).sum(1) - 1).to(accept_token_num.dtype))
+    flat = target_predict.reshape(-1)
+    for row in accept[accept >= 0].tolist():
+        predicts[row] = flat[row]
+    return predicts, accept_index, accept_token_num
+
+
+class FakeReq:
+    """The Req fields a verify round touches; finishes after max_new_tokens outputs."""
+
+    def __init__(self, max_new_tokens):
+        self.output_ids, self.max_new_tokens, self.grammar = [], max_new_tokens, None
+        self.spec_verify_ct = self.spec_num_correct_drafts = 0
+        self.kv_committed_len = self.kv_allocated_len = 0
+        self._finished = False
+
+    def update_finish_state(self):
+        self._finished = len(self.output_ids) >= self.max_new_tokens
+
+    def finished(self):
+        return self._finished
+
+
+class FakeAllocator:
+    def __init__(self):
+        self.freed, self.moves = [], []
+
+    def free(self, slots):
+        self.freed.extend(slots.tolist())
+
+    def get_kvcache(self):
+        return self
+
+    def move_kv_cache(self, tgt, src):
+        self.moves.append((tgt.tolist(), src.tolist()))
+
+
+bs, d, vocab, hidden_size = 3, 16, 48, 8
+tree = ddtree_tree.build_tree(torch.randn(bs, d - 1, vocab, generator=gen) * 4.0, d - 1)
+prefix = torch.tensor([4, 9, 0], dtype=torch.int32)
+roots = torch.tensor([1, 2, 3])
+vi = VerifyInput.from_tree(tree, roots, prefix)
+candidates = vi.draft_token.view(bs, d)
+target = torch.randint(0, vocab, (bs, d), generator=gen)
+for b in range(bs):
+    node = int(torch.argmax(tree.depths[b]))
+    while node > 0:
+        parent = int(tree.parents[b, node])
+        target[b, parent] = candidates[b, node]
+        node = parent
+logits = torch.full((bs * d, vocab), -10.0)
+logits[torch.arange(bs * d), target.reshape(-1)] = 10.0
+hidden = torch.randn(bs * d, hidden_size, generator=gen)
+walk = ddtree_tree.verify_walk(tree, target)
+expected_tokens = ddtree_tree.committed_tokens(tree, walk)
+window = torch.arange(100, 100 + bs * d, dtype=torch.int64)
+allocator = FakeAllocator()
+round_facts = {"walk_accept_len": walk.accept_len.tolist()}
+
+if V2:
+    from sglang.kernels.ops.speculative import spec_tree
+
+    spec_tree.verify_tree_greedy_func = greedy_standin
+    worker = TreeWorker.__new__(TreeWorker)
+    worker.block_size = d
+    worker._target_worker = types.SimpleNamespace(
+        model_runner=types.SimpleNamespace(token_to_kv_pool_allocator=allocator)
+    )
+    worker._tree, worker._verify_input, worker._accept_rows = tree, vi, None
+    worker._verify_batch = types.SimpleNamespace(
+        seq_lens=prefix.to(torch.int64), out_cache_loc=window.clone()
+    )
+    accept_len, commit_lens, bonus, out_tokens, new_seq_lens = worker._accept_block(
+        candidates=candidates, next_token_logits=logits, sampling_info=None,
+        draft_input=None, prefix_lens=prefix.to(torch.int64), bs=bs,
+    )  # fmt: skip
+    moved_hidden = worker._committed_target_hidden(hidden)
+    round_facts.update(
+        commit_lens=commit_lens.tolist(),
+        accept_len=accept_len.tolist(),
+        bonus=bonus.tolist(),
+        walk_bonus=walk.bonus.tolist(),
+        new_seq_lens=new_seq_lens.tolist(),
+        tokens_ok=all(
+            out_tokens[b, : int(commit_lens[b])].tolist()
+            == expected_tokens[b, : int(commit_lens[b])].tolist()
+            for b in range(bs)
+        ),
+        moves=allocator.moves,
+        expected_moves=[
+            sum((window.view(bs, d)[b, : int(walk.accept_len[b])].tolist() for b in range(bs)), []),
+            sum(
+                (
+                    window.view(bs, d)[b, walk.accepted[b, : int(walk.accept_len[b])]].tolist()
+                    for b in range(bs)
+                ),
+                [],
+            ),
+        ],  # fmt: skip
+        hidden_ok=all(
+            torch.equal(moved_hidden[b * d + k], hidden[b * d + int(walk.accepted[b, k])])
+            for b in range(bs)
+            for k in range(int(walk.accept_len[b]))
+        ),
+    )
+else:
+    from sglang.srt.speculative import eagle_utils
+
+    eagle_utils.verify_tree_greedy_func = greedy_standin
+    reqs = [FakeReq(100), FakeReq(100), FakeReq(2)]  # the third finishes after 2 tokens
+    req_to_token = torch.zeros((4, 64), dtype=torch.int32)
+    pool_rows = torch.tensor([2, 0, 3])
+    batch = types.SimpleNamespace(
+        forward_mode=types.SimpleNamespace(is_idle=lambda: False),
+        batch_size=lambda: bs, sampling_info=None, reqs=reqs, device="cpu",
+        out_cache_loc=window.clone(), token_to_kv_pool_allocator=allocator,
+        req_pool_indices=pool_rows, req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
+        seq_lens=prefix.clone(), seq_lens_cpu=prefix.clone(), seq_lens_sum=int(prefix.sum()),
+    )  # fmt: skip
+    logits_output = types.SimpleNamespace(next_token_logits=logits, hidden_states=hidden)
+    bonus, commit_lens, next_hidden, num_correct = vi.verify(
+        batch=batch, logits_output=logits_output, page_size=1
+    )
+    kept, expected_kv, expected_hidden = [], [], []
+    for b in range(bs):
+        n = int(commit_lens[b])
+        rows = (walk.accepted[b, :n] + b * d).tolist()
+        kept += rows
+        expected_kv.append(window[rows].tolist())
+        expected_hidden.append(hidden[rows])
+    round_facts.update(
+        commit_lens=commit_lens.tolist(),
+        num_correct=num_correct,
+        appended=[r.output_ids for r in reqs],
+        expected_appended=[
+            expected_tokens[b, : int(walk.accept_len[b])].tolist()[: reqs[b].max_new_tokens]
+            for b in range(bs)
+        ],
+        bonus=bonus.tolist(),
+        kv_rows=[
+            req_to_token[
+                int(pool_rows[b]), int(prefix[b]) : int(prefix[b]) + int(commit_lens[b])
+            ].tolist()
+            for b in range(bs)
+        ],
+        expected_kv=expected_kv,
+        freed=sorted(allocator.freed),
+        expected_freed=sorted(set(window.tolist()) - set(window[kept].tolist())),
+        seq_lens=batch.seq_lens.tolist(),
+        seq_lens_cpu=batch.seq_lens_cpu.tolist(),
+        seq_lens_sum=batch.seq_lens_sum,
+        hidden_ok=torch.equal(next_hidden, torch.cat(expected_hidden)),
+        verify_ct=[r.spec_verify_ct for r in reqs],
+        correct_drafts=[r.spec_num_correct_drafts for r in reqs],
+    )
+out["verify_round"] = round_facts
+
+# --- request validation (a stand-in request: validation reads two attributes)
+from sglang.srt.speculative.ddtree_utils import validate_ddtree_request  # noqa: E402
+
+
+def request(**params):
+    fields = {"json_schema": None, "regex": None, "ebnf": None, "structural_tag": None}
+    return types.SimpleNamespace(
+        return_logprob=params.pop("return_logprob", False),
+        sampling_params=types.SimpleNamespace(**{**fields, **params}),
+    )
+
+
+out["validate"] = {
+    "plain": validate_ddtree_request(request()),
+    "logprob": validate_ddtree_request(request(return_logprob=True)),
+    "regex": validate_ddtree_request(request(regex="a+")),
+    "json_schema": validate_ddtree_request(request(json_schema="{}")),
+}
+
+# --- spec_need_hidden_states (v2 reads the published spec config; give it one)
+if V2:
+    from sglang.srt.speculative import spec_utils  # noqa: E402
+
+    spec_utils.get_spec = lambda: types.SimpleNamespace(
+        speculative_algorithm="DDTREE", enable_multi_layer_eagle=False
+    )
+    out["spec_need_hidden_states"] = spec_utils.spec_need_hidden_states()
+
+print(json.dumps(out))

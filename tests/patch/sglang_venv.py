@@ -1,0 +1,83 @@
+"""A CPU virtual environment with SGLang's Python dependencies, one per SGLang version.
+
+Built from nothing by the import-tier fixture and cached under
+``DDTREE_VENV_CACHE`` (default ``~/.cache/ddtree/venvs``) in a folder named after a hash
+of its requirement list, so a changed list builds a new one. torch 2.14.1 with
+torchvision 0.29.1 is what lets SGLang's model-config chain import (research notes:
+``configs/nano_nemotron_vl`` imports torchvision at module level).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+_COMMON = [
+    "torch==2.14.1", "torchvision==0.29.1", "numpy", "psutil", "msgspec", "orjson",
+    "pybase64", "requests", "packaging", "pillow", "starlette", "typing_extensions",
+    "pydantic", "pyzmq", "IPython", "dill", "sentencepiece", "gguf", "partial_json_parser",
+    "einops", "setproctitle", "aiohttp", "uvicorn", "fastapi", "triton",
+]  # fmt: skip
+
+# Pins that follow each release's own requirements (its wheel METADATA).
+REQUIREMENTS: dict[str, list[str]] = {
+    "0.5.13": [
+        *_COMMON, "transformers==5.8.1", "apache-tvm-ffi==0.1.9", "compressed-tensors",
+        "openai==2.6.1",
+    ],
+    "0.5.23": [
+        *_COMMON, "transformers==5.19.0", "apache-tvm-ffi==0.1.11",
+        "compressed-tensors==0.18.0", "openai==2.8.0",
+    ],
+}  # fmt: skip
+
+
+def venv_cache_dir() -> Path:
+    env = os.environ.get("DDTREE_VENV_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "ddtree" / "venvs"
+
+
+def venv_dir(version: str) -> Path:
+    key = hashlib.sha256("\n".join(REQUIREMENTS[version]).encode()).hexdigest()[:12]
+    return venv_cache_dir() / f"sglang-{version}-cpu-{key}"
+
+
+def ensure_venv(version: str) -> Path:
+    """The venv's python, building the venv first if it is not cached."""
+    target = venv_dir(version)
+    python = target / "bin" / "python"
+    if (target / ".complete").is_file():
+        return python
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another test process may be building it
+        if (target / ".complete").is_file():
+            return python
+        building = target.parent / f"{target.name}.building"
+        shutil.rmtree(building, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(building)], check=True)
+        try:
+            subprocess.run(
+                [str(building / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                 "--disable-pip-version-check", *REQUIREMENTS[version]],
+                check=True, capture_output=True, text=True,
+            )  # fmt: skip
+        except subprocess.CalledProcessError as exc:
+            shutil.rmtree(building, ignore_errors=True)
+            tail = "\n".join((exc.stderr or "").strip().splitlines()[-5:])
+            raise RuntimeError(f"building the SGLang {version} venv failed:\n{tail}") from None
+        (building / ".complete").write_text("\n".join(REQUIREMENTS[version]) + "\n")
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(target)
+        # A venv's python finds its site-packages relative to pyvenv.cfg, so a rename works.
+        os.replace(building, target)
+    return python

@@ -1,0 +1,175 @@
+"""Import tier: the patched SGLang modules imported on CPU in their own venv.
+
+The venv (SGLang's Python dependencies, CPU only) is built from nothing by the fixture and
+cached; see ``sglang_venv.py``. ``probe_sglang.py`` runs inside it against a freshly patched
+snapshot and reports what it observed. What needs a GPU and a model is documented in
+docs/patch.md instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ddtree_cli.patching import engine, snapshot
+from tests.conftest import require
+from tests.patch.conftest import VERSIONS
+from tests.patch.sglang_venv import ensure_venv
+
+pytestmark = [pytest.mark.sglang_import, pytest.mark.slow]
+PROBE = Path(__file__).with_name("probe_sglang.py")
+
+
+def _model_configs(root: Path) -> Path:
+    """Two local model folders: a dense Qwen3 and a hybrid Qwen3-Next (config only)."""
+    configs = {
+        "dense": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]},
+        "hybrid": {"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"]},
+    }
+    for name, config in configs.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "config.json").write_text(json.dumps(config))
+    return root
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def probe(request, pristine_root, tmp_path_factory):
+    version = request.param
+    try:
+        python = ensure_venv(version)
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        require(False, f"cannot build the SGLang {version} CPU venv: {exc}")
+    work = tmp_path_factory.mktemp(f"import-{version}")
+    root = work / "snapshot"
+    import shutil
+
+    shutil.copytree(pristine_root(version), root)
+    snap = snapshot.detect(root)
+    engine.apply(snap)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+        "TRITON_INTERPRET": "1",  # SGLang's Triton tree-verify kernel, on CPU
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    proc = subprocess.run(
+        [str(python), str(PROBE), str(root), snap.layout.value, str(_model_configs(work / "m"))],
+        capture_output=True, text=True, env=env, timeout=900, cwd=work,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return version, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_algorithm_lookup_and_plugin_registry(probe):
+    _, facts = probe
+    assert facts["algorithm"] == {
+        "name": "DDTREE", "is_ddtree": True, "is_dflash": True, "dflash_is_ddtree": False,
+    }  # fmt: skip
+    assert facts["plugin_register_error"] is None  # CustomSpecAlgo mirrors is_ddtree
+    assert facts["plugin_is_ddtree"] is False
+
+
+def test_cli_parser_accepts_the_new_flags(probe):
+    _, facts = probe
+    assert facts["cli"] == {"algorithm": "DDTREE", "budget": 15, "allow_hybrid": True}
+
+
+def test_server_argument_validation(probe):
+    _, facts = probe
+    handle = facts["handle"]
+    for ok in ("ok_triton", "ok_flashinfer", "hybrid_override"):
+        assert handle[ok] == {"error": None, "budget": 15, "disable_overlap_schedule": True}
+    assert "requires --page-size 1, got 4" in handle["page_size_4"]["error"]
+    assert "triton or flashinfer" in handle["fa3"]["error"] and "'fa3'" in handle["fa3"]["error"]
+    assert "--speculative-ddtree-budget" in handle["budget_7"]["error"]
+    hybrid = handle["hybrid"]["error"]
+    assert "refuses hybrid target models" in hybrid and "qwen3_next" in hybrid
+    assert "--speculative-ddtree-allow-hybrid" in hybrid
+
+
+def test_workers_refuse_algorithms_they_cannot_run(probe):
+    version, facts = probe
+    assert facts["tree_worker_with_dflash"].startswith(
+        "ValueError: Unsupported speculative algorithm: DFLASH"
+    )
+    assert (
+        facts["chain_worker_with_eagle"] == "ValueError: Unsupported speculative algorithm: EAGLE"
+    )
+    worker = "DDTreeWorker" if version == "0.5.13" else "DDTreeWorkerV2"
+    assert facts["create_worker"]["True"] == worker
+    assert "does not support overlap scheduling" in facts["create_worker"]["False"]
+
+
+def test_verify_input_matches_sglang_tree_verify(probe):
+    version, facts = probe
+    vi = facts["verify_input"]
+    assert vi["trials"] == 36 and vi["draft_token_num"] == 16
+    assert vi["mask_errors"] == [] and vi["position_errors"] == 0
+    assert vi["kernel_walk_mismatches"] == 0
+    assert vi["retrieve_dtype"] == "torch.int64"
+    assert vi["deepest_accept_len"] >= 4  # the walks went below the first level
+    if version == "0.5.23":
+        assert vi["triton_kernel_mismatches"] == 0  # SGLang's own kernel, interpreted
+    assert facts["capture_dummy"] == {
+        "target_has_mask": True, "draft_has_mask": False,
+        "target_capture_hidden": "FULL", "draft_capture_hidden": "NULL",
+    }  # fmt: skip
+    if version == "0.5.13":
+        assert (
+            facts["prepare_page_size_4"] == "RuntimeError: DDTREE requires page_size == 1, got 4."
+        )
+
+
+def test_request_validation_and_hidden_state_relay(probe):
+    version, facts = probe
+    validate = facts["validate"]
+    assert validate["plain"] is None
+    assert "return_logprob" in validate["logprob"]
+    assert "grammar-constrained" in validate["regex"]
+    assert "grammar-constrained" in validate["json_schema"]
+    if version == "0.5.23":
+        assert facts["spec_need_hidden_states"] is False
+
+
+def test_verify_round_commits_the_accepted_path(probe):
+    """One verify round through the patched glue, checked against ddtree_tree's walk.
+
+    GPU-only pieces are stand-ins (the CUDA verify op, the KV allocator, the requests);
+    SGLang's Triton bookkeeping kernels run for real in the Triton interpreter.
+    """
+    version, facts = probe
+    r = facts["verify_round"]
+    assert max(r["walk_accept_len"]) > 2  # the target followed a path below the root
+    if version == "0.5.13":
+        # The third request finishes after 2 tokens: its commit stops there.
+        assert r["commit_lens"] == [*r["walk_accept_len"][:2], 2]
+        assert r["appended"] == r["expected_appended"]
+        assert r["num_correct"] == [n - 1 for n in r["commit_lens"]] == r["correct_drafts"]
+        assert r["bonus"] == [tokens[-1] for tokens in r["appended"]]
+        assert r["kv_rows"] == r["expected_kv"]  # req_to_token points at the accepted slots
+        assert r["freed"] == r["expected_freed"]  # and every other slot is freed
+        prefix = [4, 9, 0]
+        assert (
+            r["seq_lens"]
+            == r["seq_lens_cpu"]
+            == [p + n for p, n in zip(prefix, r["commit_lens"], strict=True)]
+        )
+        assert r["seq_lens_sum"] == sum(r["seq_lens"])
+        assert r["verify_ct"] == [1, 1, 1]
+    else:
+        assert r["commit_lens"] == r["walk_accept_len"]
+        assert r["accept_len"] == [n - 1 for n in r["commit_lens"]]
+        assert r["bonus"] == r["walk_bonus"] and r["tokens_ok"]
+        assert r["new_seq_lens"] == [
+            p + n for p, n in zip([4, 9, 0], r["commit_lens"], strict=True)
+        ]
+        ((tgt, src),) = r["moves"]  # one move of the accepted KV to the window fronts
+        n = len(r["expected_moves"][0])
+        assert [tgt[:n], src[:n]] == r["expected_moves"]
+        assert set(tgt[n:]) <= {0} and set(src[n:]) <= {0}  # SGLang pads with slot 0
+    assert r["hidden_ok"]  # the draft KV is materialised from the accepted rows

@@ -1,0 +1,76 @@
+"""`ddtree patch` argument handling and snapshot detection errors (no wheels needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from ddtree_cli.patching import series
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ddtree_cli", "patch", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_help_lists_every_flag():
+    out = run("--help")
+    assert out.returncode == 0
+    for flag in (
+        "--check",
+        "--dry-run",
+        "--revert",
+        "--export",
+        "--fetch",
+        "--into",
+        "--force",
+        "--json",
+    ):
+        assert flag in out.stdout
+
+
+def test_conflicting_modes_are_a_usage_error(tmp_path):
+    out = run(str(tmp_path), "--check", "--revert")
+    assert out.returncode == 2 and "cannot be combined" in out.stderr
+    out = run(str(tmp_path), "--into", str(tmp_path / "x"))
+    assert out.returncode == 2 and "--into only goes with --fetch" in out.stderr
+
+
+def test_folder_without_sglang_is_refused_in_one_line(tmp_path):
+    out = run(str(tmp_path), "--json")
+    assert out.returncode == 1 and out.stdout == ""
+    assert "no sglang package found" in out.stderr and "Traceback" not in out.stderr
+    out = run(str(tmp_path / "missing"))
+    assert out.returncode == 1 and "does not exist" in " ".join(out.stderr.split())
+
+
+def test_package_without_dflash_is_refused(tmp_path):
+    package = tmp_path / "sglang"
+    (package / "srt" / "speculative").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "_version.py").write_text("__version__ = version = '0.5.10'\n")
+    out = run(str(tmp_path))
+    assert out.returncode == 1 and "has no DFlash worker" in " ".join(out.stderr.split())
+
+
+def test_bad_fetch_version_is_refused(tmp_path):
+    out = run("--fetch", "latest; rm -rf /", "--into", str(tmp_path / "x"))
+    assert out.returncode == 1 and "not a version" in out.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_series_are_shipped_and_consistent():
+    assert series.supported_versions() == ["0.5.13", "0.5.23"]
+    for version, layout in (("0.5.13", "v1"), ("0.5.23", "v2")):
+        s = series.load(version)
+        assert s.layout == layout and s.version == version
+        assert series.VENDORED_TREE_PATH in s.touched
+        assert all(len(h) == 64 for h in s.pristine.values())
+    # Shipped as package data, so an installed ddtree finds them too.
+    root = Path(series.__file__).parent / "series"
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["0.5.13", "0.5.23"]
