@@ -139,6 +139,40 @@ def run(args) -> dict:
     }
 
 
+def profile_rounds(pair, device: torch.device, block_size: int, out: Path) -> None:
+    """torch.profiler tables of one batch-1 round of each speculative arm (for --profile)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompt = list(range(64))
+    ar = Engine(pair, "ar", max_batch=1, context_len=512, device=device)
+    refs = {tuple(prompt): decode(ar, [prompt], 200)["outputs"][0]}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort_by = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    lines = []
+    for algo in ("dflash", "ddtree"):
+        engine = Engine(
+            pair,
+            algo,
+            block_size=block_size,
+            budget=block_size - 1,
+            max_batch=1,
+            context_len=512,
+            device=device,
+        )
+        engine.draft_hook = PeakedDraftHook(refs, SCENARIOS["peaked"], seed=1)
+        engine.add(Sequence(prompt, 200))
+        for _ in range(3):
+            engine.step()
+        sync(device)
+        with profile(activities=activities) as prof:
+            for _ in range(5):
+                engine.step()
+            sync(device)
+        lines.append(f"== {algo}: 5 rounds, batch 1 ==")
+        lines.append(prof.key_averages().table(sort_by=sort_by, row_limit=30))
+    out.write_text("\n".join(lines))
+
+
 def tree_ops(device: torch.device, vocab: int, positions: int, budget: int) -> dict:
     """Time of the tree's own operations at batch 1 (mean over 200 calls, synchronised)."""
     from ddtree_cli import draft_tree
@@ -207,8 +241,19 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="CPU threads (0: torch default)")
     p.add_argument("--out", type=Path)
+    p.add_argument("--profile", type=Path, help="also write per-op profiles of one round here")
     args = p.parse_args()
     report = run(args)
+    if args.profile:
+        pair = {"bench": (BENCH_TARGET, BENCH_DRAFT), "large": (LARGE_TARGET, LARGE_DRAFT)}.get(
+            args.config
+        )
+        profile_rounds(
+            random_pair(*pair) if pair else random_pair(),
+            torch.device(args.device),
+            args.block_size,
+            args.profile,
+        )
     text = json.dumps(report, indent=2)
     if args.out:
         args.out.write_text(text)

@@ -70,6 +70,12 @@ class Sequence:
 
 
 class Engine:
+    """Decoding state for up to ``max_batch`` sequences; one thread drives it.
+
+    Moves the pair's modules to ``device``/``dtype`` in place (engines sharing a pair share
+    its weights, so they must agree on both).
+    """
+
     def __init__(
         self,
         pair: ModelPair,
