@@ -199,6 +199,26 @@ def test_status_and_rollback_commands(site):
     assert generate(report["url"])["meta_info"]["completion_tokens"] == 16
 
 
+def test_preflight_failure_stops_unless_forced(site):
+    good = site.current()
+    unit_before = site.remote("cat", "/etc/systemd/system/ddtree-embedded.service")
+    code, out, err = site.deploy("--remote-python", "/opt/missing/bin/python")
+    assert code != 0
+    (report,) = out["hosts"]
+    assert report["status"] == "preflight_failed"
+    failed = {row["check"] for row in report["preflight"] if row["status"] == "fail"}
+    assert "python.version" in failed
+    assert "preflight failed: python.version" in err
+    assert site.current() == good
+    assert site.remote("cat", "/etc/systemd/system/ddtree-embedded.service") == unit_before
+    # --force goes ahead; the server cannot start, so the deploy rolls back by itself.
+    code, out, err = site.deploy("--remote-python", "/opt/missing/bin/python", "--force")
+    assert code != 0
+    assert out["hosts"][0]["status"] == "rolled_back"
+    assert site.current() == good
+    assert generate(out["hosts"][0]["url"])["meta_info"]["completion_tokens"] == 16
+
+
 def test_non_root_login_with_passwordless_sudo(site):
     target = site.host.add_sudo_user("deployer")
     config = site.config("sudo")
