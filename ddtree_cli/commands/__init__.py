@@ -11,3 +11,4 @@ from collections.abc import Callable
 import typer
 
 REGISTERED: list[Callable[[typer.Typer], None]] = []
+from ddtree_cli.commands.serve import register as _serve; REGISTERED.append(_serve)  # noqa: E402, E702, I001

@@ -1,0 +1,315 @@
+"""Batched AR, DFlash and DDTree decoding over the target's and drafter's caches.
+
+Rows ``0..b-1`` of both caches belong to the active sequences, in order; a finished
+sequence's row is refilled by the last row so the active batch is always a prefix of the
+cache (slices, not gathers). Invariant per row: the target cache holds the prompt and every
+committed token except the last one, the *root*, which the next round feeds first.
+
+A round (one target forward for the whole batch):
+  ar      root only; the target's token is committed.
+  dflash  drafter block -> argmax chain of ``block_size - 1`` tokens; verify the chain under
+          a causal mask; commit the matched prefix plus the target's token after it.
+  ddtree  drafter block -> best-first tree under ``budget`` nodes (``draft_tree``); verify
+          every node under its ancestor mask; walk; compact the accepted path's K/V to the
+          front of the block; commit the path's target tokens.
+At temperature > 0 every verified position gets an independent sample from the target and
+a draft is accepted only when it equals that sample, which keeps the output distribution
+the target's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+
+from ddtree_cli.engine.target import compact_block
+from ddtree_cli.engine.weights import ModelPair
+from ddtree_cli.errors import ConfigError
+
+DraftHook = Callable[[torch.Tensor, Seq["Sequence"]], torch.Tensor]
+
+
+@dataclass
+class Sequence:
+    """One request inside the engine."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    stop_ids: frozenset[int] = frozenset()
+    output: list[int] = field(default_factory=list)
+    finish_reason: dict | None = None
+    verify_ct: int = 0
+    correct_drafts: int = 0
+    # Tokens per round before truncation at a stop token or the length limit.
+    accepted_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def commit(self, tokens: list[int]) -> list[int]:
+        """Append tokens up to a stop token or the length limit; return what was appended."""
+        taken = []
+        for tok in tokens:
+            self.output.append(tok)
+            taken.append(tok)
+            if tok in self.stop_ids:
+                self.finish_reason = {"type": "stop", "matched": tok}
+                break
+            if len(self.output) >= self.max_new_tokens:
+                self.finish_reason = {"type": "length", "length": self.max_new_tokens}
+                break
+        return taken
+
+
+class Engine:
+    def __init__(
+        self,
+        pair: ModelPair,
+        algo: str = "ar",
+        *,
+        block_size: int | None = None,
+        budget: int | None = None,
+        max_batch: int = 8,
+        context_len: int = 2048,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+    ):
+        if algo not in ("ar", "dflash", "ddtree"):
+            raise ConfigError(f"unknown algorithm {algo!r}", hint="use ar, dflash or ddtree")
+        self.algo = algo
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.target = pair.target.to(self.device, dtype).eval()
+        self.drafter = pair.drafter.to(self.device, dtype).eval()
+        self.pair = pair
+        self.block_size = block_size or pair.drafter.config.block_size
+        if self.block_size < 2:
+            raise ConfigError(f"block size {self.block_size} must be at least 2")
+        self.draft_len = self.block_size - 1
+        self.budget = budget if budget is not None else self.draft_len
+        if algo == "ddtree" and self.budget < 1:
+            raise ConfigError(f"budget {self.budget} must be at least 1")
+        self.width = {"ar": 1, "dflash": self.block_size, "ddtree": self.budget + 1}[algo]
+        self.max_batch = max_batch
+        self.context_len = context_len
+        # Room for a verify block past the longest allowed sequence.
+        self.capacity = context_len + self.width + self.block_size
+        max_pos = pair.target.config.max_position_embeddings
+        if self.capacity > max_pos:
+            raise ConfigError(
+                f"context length {context_len} needs positions up to {self.capacity}, "
+                f"the model has {max_pos}"
+            )
+        self.cache = self.target.new_cache(max_batch, self.capacity, self.device, dtype)
+        self.draft_cache = (
+            self.drafter.new_cache(max_batch, self.capacity, self.device, dtype)
+            if algo != "ar"
+            else None
+        )
+        self.feature_layers = tuple(pair.drafter.config.target_layer_ids) if algo != "ar" else ()
+        self.lens = torch.zeros(max_batch, dtype=torch.long, device=self.device)
+        self.roots = torch.zeros(max_batch, dtype=torch.long, device=self.device)
+        self.temps = torch.zeros(max_batch, dtype=torch.float32, device=self.device)
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.seqs: list[Sequence] = []
+        self.draft_hook: DraftHook | None = None
+        # Lifetime counters over request-rounds (speculative modes): SGLang's definitions.
+        self.total_rounds = 0
+        self.total_accepted = 0
+        self.mask_id = pair.drafter.config.mask_token_id
+        self._arange = torch.arange(self.capacity, device=self.device)
+        if algo == "ddtree":
+            from ddtree_cli import draft_tree
+
+            self._tree = draft_tree
+
+    # ---- admission -------------------------------------------------------------------
+
+    def max_prompt_len(self, max_new_tokens: int) -> int:
+        return self.context_len - max_new_tokens
+
+    @torch.inference_mode()
+    def add(self, seq: Sequence) -> list[int]:
+        """Prefill ``seq`` into the next free row; returns its first token(s) committed."""
+        if len(self.seqs) >= self.max_batch:
+            raise RuntimeError("engine is full")
+        if not seq.prompt:
+            raise ConfigError("empty prompt")
+        if len(seq.prompt) + seq.max_new_tokens > self.context_len:
+            raise ConfigError(
+                f"prompt ({len(seq.prompt)}) + max_new_tokens ({seq.max_new_tokens}) exceeds "
+                f"the context length {self.context_len}"
+            )
+        row = len(self.seqs)
+        n = len(seq.prompt)
+        ids = torch.tensor([seq.prompt], dtype=torch.long, device=self.device)
+        pos = self._arange[:n].unsqueeze(0)
+        mask = (pos.unsqueeze(-1) >= pos.unsqueeze(-2)).unsqueeze(1)
+        cache = self.cache[:, :, row : row + 1]
+        hidden, feats = self.target(ids, pos, cache, pos, mask, self.feature_layers)
+        logits = self.target.logits(hidden[:, -1:])
+        self.temps[row] = seq.temperature
+        token = self._choose(logits, self.temps[row : row + 1], seq.temperature > 0)
+        if self.draft_cache is not None:
+            self.drafter.write_context(self.draft_cache[:, :, row : row + 1], feats, pos, pos)
+        self.lens[row] = n
+        self.roots[row] = token[0, 0]
+        self.seqs.append(seq)
+        taken = seq.commit([int(token[0, 0])])
+        if seq.finished:
+            self._remove(row)
+        return taken
+
+    # ---- one round -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Sequence, list[int]]]:
+        """One verify round for every active sequence; returns (sequence, new tokens)."""
+        b = len(self.seqs)
+        if b == 0:
+            return []
+        lens, roots, temps = self.lens[:b], self.roots[:b], self.temps[:b]
+        sampling = any(s.temperature > 0 for s in self.seqs)
+        span = max(len(s.prompt) + len(s.output) - 1 for s in self.seqs) + self.width
+        cache = self.cache[:, :, :b]
+        if self.algo == "ar":
+            ids = roots.unsqueeze(1)
+            pos = lens.unsqueeze(1)
+            mask = (self._arange[:span] <= pos.unsqueeze(-1)).unsqueeze(1)
+            hidden, _ = self.target(ids, pos, cache, pos, mask)
+            committed = self._choose(self.target.logits(hidden), temps, sampling)
+            accept_len = torch.ones(b, dtype=torch.long, device=self.device)
+        elif self.algo == "dflash":
+            draft = self._draft_logits(b).argmax(-1)
+            ids = torch.cat([roots.unsqueeze(1), draft], dim=1)
+            pos = lens.unsqueeze(1) + self._arange[: self.block_size]
+            mask = (self._arange[:span] <= pos.unsqueeze(-1)).unsqueeze(1)
+            hidden, feats = self.target(ids, pos, cache, pos, mask, self.feature_layers)
+            committed = self._choose(self.target.logits(hidden), temps, sampling)
+            matched = (draft == committed[:, :-1]).long().cumprod(dim=1)
+            accept_len = 1 + matched.sum(dim=1)
+            self.drafter.write_context(self.draft_cache[:, :, :b], feats, pos, pos)
+        else:
+            committed, accept_len = self._tree_round(b, cache, span, temps, sampling)
+        self.lens[:b] += accept_len
+        self.roots[:b] = committed.gather(1, (accept_len - 1).unsqueeze(1)).squeeze(1)
+        # The round's single host synchronisation.
+        host = torch.cat([accept_len.unsqueeze(1), committed], dim=1).tolist()
+        return self._commit(host)
+
+    def _tree_round(self, b, cache, span, temps, sampling):
+        t = self._tree
+        lens, roots = self.lens[:b], self.roots[:b]
+        tree = t.build_tree(self._draft_logits(b), self.budget)
+        # verify_inputs() also builds SGLang's flat FULL_MASK and retrieve_* arrays, which
+        # this engine does not need: its mask is the visibility block placed after each
+        # row's prefix, built below without a host synchronisation.
+        input_ids = torch.cat([roots.unsqueeze(1), tree.tokens], dim=1)
+        positions = lens.unsqueeze(1) + tree.depths
+        n = input_ids.shape[1]
+        write = lens.unsqueeze(1) + self._arange[:n]
+        col = self._arange[:span].unsqueeze(0) - lens.unsqueeze(1)  # [b, span]
+        in_block = (col >= 0) & (col < n)
+        idx = col.clamp(0, n - 1).unsqueeze(1).expand(b, n, span)
+        mask = (tree.visibility.gather(2, idx) & in_block.unsqueeze(1)) | (col < 0).unsqueeze(1)
+        hidden, feats = self.target(
+            input_ids,
+            positions,
+            cache,
+            write,
+            mask.unsqueeze(1),
+            self.feature_layers,
+        )
+        target_tokens = self._choose(self.target.logits(hidden), temps, sampling)
+        walk = t.verify_walk(tree, target_tokens)
+        path = walk.accepted.clamp(min=0)
+        committed = target_tokens.gather(1, path)
+        compact_block(cache, lens, walk.accepted)
+        path_feats = feats.gather(1, path.unsqueeze(-1).expand(-1, -1, feats.shape[-1]))
+        path_pos = lens.unsqueeze(1) + self._arange[: path.shape[1]]
+        self.drafter.write_context(self.draft_cache[:, :, :b], path_feats, path_pos, path_pos)
+        return committed, walk.accept_len
+
+    def _draft_logits(self, b: int) -> torch.Tensor:
+        lens, roots = self.lens[:b], self.roots[:b]
+        block = torch.full((b, self.block_size), self.mask_id, dtype=torch.long, device=self.device)
+        block[:, 0] = roots
+        pos = lens.unsqueeze(1) + self._arange[: self.block_size]
+        span = max(len(s.prompt) + len(s.output) - 1 for s in self.seqs)
+        hidden = self.drafter(self.target.embed(block), pos, self.draft_cache[:, :, :b], lens, span)
+        logits = self.target.logits(hidden[:, 1:])
+        if self.draft_hook is not None:
+            logits = self.draft_hook(logits, self.seqs)
+        return logits
+
+    def _choose(self, logits: torch.Tensor, temps: torch.Tensor, sampling: bool) -> torch.Tensor:
+        """Target token per position: argmax, or an independent sample where temperature > 0."""
+        greedy = logits.argmax(dim=-1)
+        if not sampling:
+            return greedy
+        b, n, v = logits.shape
+        scaled = logits.float() / temps.clamp(min=1e-5).view(b, 1, 1)
+        probs = torch.softmax(scaled, dim=-1).view(b * n, v)
+        drawn = torch.multinomial(probs, 1, generator=self.gen).view(b, n)
+        return torch.where(temps.view(b, 1) > 0, drawn, greedy)
+
+    # ---- bookkeeping -----------------------------------------------------------------
+
+    def _commit(self, host: list[list[int]]) -> list[tuple[Sequence, list[int]]]:
+        results = []
+        for seq, row in zip(list(self.seqs), host, strict=True):
+            n = row[0]
+            if self.algo != "ar":
+                seq.verify_ct += 1
+                seq.correct_drafts += n - 1
+                seq.accepted_tokens += n
+                self.total_rounds += 1
+                self.total_accepted += n
+            results.append((seq, seq.commit(row[1 : 1 + n])))
+        for row in reversed(range(len(self.seqs))):
+            if self.seqs[row].finished:
+                self._remove(row)
+        return results
+
+    def drop(self, seq: Sequence) -> None:
+        """Remove an unfinished sequence (its client went away)."""
+        for row, active in enumerate(self.seqs):
+            if active is seq:
+                self._remove(row)
+                return
+
+    def _remove(self, row: int) -> None:
+        last = len(self.seqs) - 1
+        if row != last:
+            moved = self.seqs[last]
+            used = len(moved.prompt) + len(moved.output)
+            self.cache[:, :, row, :used] = self.cache[:, :, last, :used]
+            if self.draft_cache is not None:
+                self.draft_cache[:, :, row, :used] = self.draft_cache[:, :, last, :used]
+            for buf in (self.lens, self.roots, self.temps):
+                buf[row] = buf[last]
+            self.seqs[row] = moved
+        self.seqs.pop()
+
+
+def generate(
+    engine: Engine,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    stop_ids: frozenset[int] = frozenset(),
+) -> list[Sequence]:
+    """Run prompts to completion, at most ``engine.max_batch`` at a time (tests, benchmarks)."""
+    pending = [Sequence(p, max_new_tokens, temperature, stop_ids) for p in prompts]
+    queue = list(pending)
+    while queue or engine.seqs:
+        while queue and len(engine.seqs) < engine.max_batch:
+            engine.add(queue.pop(0))
+        engine.step()
+    return pending
