@@ -4,7 +4,7 @@ Throughput is compared per trial: trial t of both arms ran back to back (ABAB…
 randomised), so they form a pair, and the ratio's interval comes from resampling those
 pairs. Latency and acceptance are compared per prompt: each prompt's median over trials
 in one arm against the same in the other, with a paired bootstrap interval of the ratio
-and a Wilcoxon signed-rank test.
+and a Wilcoxon signed-rank test; a difference is claimed only when both agree.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 
 from ddtree_cli.bench.loadgen import PassResult
 from ddtree_cli.bench.stats import (
+    NO_CLEAR_DIFFERENCE,
     bootstrap_mean_ci,
     bootstrap_ratio_ci,
     percentiles,
@@ -27,6 +28,7 @@ from ddtree_cli.bench.stats import (
 )
 
 NOISY_REL_MAD = 0.05
+WILCOXON_ALPHA = 0.05
 # (metric, better when higher?) compared per prompt.
 PER_PROMPT_METRICS = (
     ("e2e_ms", False),
@@ -118,10 +120,15 @@ def compare(
             better=f"{name_a} {'higher' if higher else 'lower'} (better)",
             worse=f"{name_a} {'lower' if higher else 'higher'} (worse)",
         )
-        if len(prompts) >= 1:
+        if prompts:
             w = wilcoxon_signed_rank(a, b)
             entry["wilcoxon_p"] = _round(w.p_value, 6)
             entry["wilcoxon_method"] = w.method
+            # A percentile bootstrap over few prompts is too narrow; a per-prompt claim
+            # needs the paired test to agree before it is called a difference.
+            if entry["verdict"] != NO_CLEAR_DIFFERENCE and w.p_value >= WILCOXON_ALPHA:
+                entry["verdict"] = NO_CLEAR_DIFFERENCE
+                entry["note"] = "the interval excludes 1 but the Wilcoxon test does not reject"
         out[metric] = entry
     return out
 

@@ -262,10 +262,9 @@ class _Conn(asyncio.Protocol):
 
 
 def _event(event: bytes, sink: _Sink | None, now: float) -> None:
-    if event.startswith(b"data:"):
-        if b"\n" not in event:
-            sink.payload(event[5:].lstrip(), now)  # type: ignore[union-attr]
-            return
+    if event.startswith(b"data:") and b"\n" not in event:
+        sink.payload(event[5:].lstrip(), now)  # type: ignore[union-attr]
+        return
     if not event:
         return
     data_lines = [ln[5:].lstrip() for ln in event.split(b"\n") if ln.startswith(b"data:")]

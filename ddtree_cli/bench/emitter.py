@@ -55,10 +55,8 @@ class Emitter:
         ids = [(digest[i % 32] * 31 + i * 7) % 1000 for i in range(max_new)]
         step = max(1, self.config.tokens_per_chunk)
         frames = []
-        verify = 0
-        for end in range(step, max_new + step, step):
-            end = min(end, max_new)
-            verify += 1
+        for verify, stop in enumerate(range(step, max_new + step, step), 1):
+            end = min(stop, max_new)
             done = end == max_new
             meta = {
                 "id": "emitter",

@@ -9,6 +9,7 @@ rate passes a threshold; then the pass stops early and says why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
@@ -72,12 +73,15 @@ async def run_pass(
     *,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     alive: Callable[[], str | None] | None = None,
+    result: PassResult | None = None,
 ) -> PassResult:
     """Run warmup, then every prompt once; records go to ``on_record`` as they finish.
 
-    ``alive`` returns None while the server is fine, or a reason to stop now.
+    ``alive`` returns None while the server is fine, or a reason to stop now. Pass your
+    own ``result`` to keep what was measured when the pass is cancelled half-way.
     """
-    result = PassResult(spec.arm, spec.concurrency, spec.trial)
+    if result is None:
+        result = PassResult(spec.arm, spec.concurrency, spec.trial)
     await _warmup(endpoint, prompts, spec)
     bodies = [body_for(p, spec.sampling) for p in prompts]
     stop = asyncio.Event()
@@ -107,10 +111,8 @@ async def run_pass(
     gaps = _arrival_gaps(len(prompts), spec.request_rate, spec.seed)
     for i, gap in enumerate(gaps):
         if gap > 0:
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), gap)
-            except asyncio.TimeoutError:
-                pass
         if stop.is_set():
             break
         tasks.append(asyncio.ensure_future(one(i)))

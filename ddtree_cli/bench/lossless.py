@@ -68,7 +68,7 @@ class LosslessResult:
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """Index of the first differing token; the shorter length if one is a prefix."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))

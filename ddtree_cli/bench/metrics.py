@@ -41,8 +41,8 @@ def request_record(
         # Time per output token after the first, over the streamed span.
         tpot_ms=round(decode_ms / (completion - counts[0]), 4)
         if counts and completion > counts[0] and len(times) > 1 else None,
-        itl_ms=[round((b - a) * 1000.0, 4) for a, b in zip(times, times[1:])],
-        chunk_tokens=[b - a for a, b in zip([0, *counts], counts)],
+        itl_ms=[round((b - a) * 1000.0, 4) for a, b in zip(times, times[1:], strict=False)],
+        chunk_tokens=[b - a for a, b in zip([0, *counts], counts, strict=False)],
         completion_tokens=completion,
         prompt_tokens=meta.get("prompt_tokens"),
         finish_reason=_finish(meta.get("finish_reason")),

@@ -7,6 +7,7 @@ a way that looks like a server effect. No other serving benchmark reports this.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -62,10 +63,8 @@ class ClientMonitor:
     async def stop(self) -> ClientLoad:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         return summarize_load(
             time.process_time() - self._cpu0, time.perf_counter() - self._wall0, self._lags
         )
@@ -84,7 +83,7 @@ def summarize_load(cpu_s: float, wall_s: float, lags_s: list[float]) -> ClientLo
         )
     elif p99 >= LAG_WARN_MS:
         warning = (
-            f"event-loop lag p99 {p99:.1f} ms: chunk timings (TTFT, ITL) are blurred by "
-            "the client itself"
+            f"the client's event loop ran up to {p99:.1f} ms late (p99): chunk timings "
+            "(TTFT, ITL) are blurred by that much; the machine may be short of CPU"
         )
     return ClientLoad(cpu, p50, p99, worst, wall_s, warning)

@@ -12,3 +12,4 @@ import typer
 
 REGISTERED: list[Callable[[typer.Typer], None]] = []
 from ddtree_cli.commands.serve import register as _serve; REGISTERED.append(_serve)  # noqa: E402, E702, I001
+from ddtree_cli.commands.bench import register as _bench; REGISTERED.append(_bench)  # noqa: E402, E702, I001
