@@ -40,6 +40,8 @@ class Emitter:
         self.config = config
         self._frames: dict[tuple[str, int], list[bytes]] = {}
         self.requests = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -136,7 +138,14 @@ class Emitter:
             _json(writer, 400, {"error": {"message": "max_new_tokens must be >= 1"}})
             return
         self.requests += 1
-        frames = self.frames(prompt_key, max_new, prompt_tokens)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await self._stream(self.frames(prompt_key, max_new, prompt_tokens), writer)
+        finally:
+            self.in_flight -= 1
+
+    async def _stream(self, frames: list[bytes], writer: asyncio.StreamWriter) -> None:
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
             b"transfer-encoding: chunked\r\n\r\n"
