@@ -176,16 +176,13 @@ class _Conn(asyncio.Protocol):
     def _body_bytes(self, data: bytes, now: float) -> None:
         if self._length >= 0:
             self._length -= len(data)
-        if self._sse_mode:
-            self._sse += data
-            self._flush_sse(now)
-        else:
-            self._body += data
+        self._take([data], now, final=self._length == 0)
 
     def _dechunk(self, data: bytes, now: float) -> None:
         buf = self._raw + data if self._raw else data
         pos = 0
         end = len(buf)
+        pieces = []  # joined once per read: appending to bytes per chunk is quadratic
         while pos < end:
             if self._skip:
                 take = min(self._skip, end - pos)
@@ -194,11 +191,7 @@ class _Conn(asyncio.Protocol):
                 continue
             if self._chunk_left:
                 take = min(self._chunk_left, end - pos)
-                piece = buf[pos : pos + take]
-                if self._sse_mode:
-                    self._sse += piece
-                else:
-                    self._body += piece
+                pieces.append(buf[pos : pos + take])
                 self._chunk_left -= take
                 pos += take
                 if not self._chunk_left:
@@ -207,35 +200,46 @@ class _Conn(asyncio.Protocol):
             nl = buf.find(b"\r\n", pos)
             if nl < 0:
                 break
-            size = int(buf[pos:nl].split(b";", 1)[0], 16)
+            try:
+                size = int(buf[pos:nl], 16)
+            except ValueError:  # chunk extensions ("size;name=value"), never sent by SGLang
+                size = int(buf[pos:nl].split(b";", 1)[0], 16)
             pos = nl + 2
             if size == 0:
                 # Last chunk; trailers are not used by SGLang and are ignored.
                 self._raw = b""
-                if self._sse_mode:
-                    self._flush_sse(now, final=True)
+                self._take(pieces, now, final=True)
                 self._finish()
                 return
             self._chunk_left = size
         self._raw = buf[pos:] if pos < end else b""
-        if self._sse_mode and self._sse:
-            self._flush_sse(now)
+        if pieces:
+            self._take(pieces, now, final=False)
+
+    def _take(self, pieces: list[bytes], now: float, final: bool) -> None:
+        if self._sse_mode:
+            self._sse = b"".join([self._sse, *pieces]) if self._sse else b"".join(pieces)
+            self._flush_sse(now, final)
+        else:
+            self._body += b"".join(pieces)
 
     def _flush_sse(self, now: float | None = None, final: bool = False) -> None:
         sse = self._sse
+        if not sse:
+            return
         if b"\r" in sse:
             sse = sse.replace(b"\r\n", b"\n")
         if now is None:
             now = time.perf_counter()
+        events = sse.split(b"\n\n")
+        rest = events.pop()
         sink = self._sink
-        start = 0
-        while True:
-            j = sse.find(b"\n\n", start)
-            if j < 0:
-                break
-            _event(sse[start:j], sink, now)
-            start = j + 2
-        rest = sse[start:]
+        payload = sink.payload  # type: ignore[union-attr]
+        for event in events:
+            if event.startswith(b"data: ") and b"\n" not in event:
+                payload(event[6:], now)
+            else:
+                _event(event, sink, now)
         if final and rest.strip():
             _event(rest.strip(), sink, now)
             rest = b""

@@ -117,6 +117,8 @@ class Emitter:
             _json(writer, 200, {})
         elif path in (b"/server_info", b"/get_server_info"):
             _json(writer, 200, self.server_info())
+        elif path == b"/v1/models":
+            _json(writer, 200, {"object": "list", "data": [{"id": self.config.model_path}]})
         elif path == b"/generate" and method == b"POST":
             await self._generate(body, writer)
         else:
