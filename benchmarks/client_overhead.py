@@ -199,7 +199,7 @@ def main() -> None:
             ))
         for name, run in clients:
             measured = {n: run(n) for n in (small, large)}
-            (c1, w1, t1), (c2, w2, t2) = measured[small], measured[large]
+            (c1, _, t1), (c2, _, t2) = measured[small], measured[large]
             per_token = (c2 - c1) / (t2 - t1)
             rows.append((name, measured, per_token))
     finally:
