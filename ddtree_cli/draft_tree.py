@@ -23,10 +23,12 @@ its parent or its previous sibling, so the ``B`` best nodes form a tree; it is t
 reference best-first heap pops (paper Prop. 2-3, ``build_ddtree_tree`` of liranringel/ddtree).
 
 Instead of a heap (``B`` sequential pops) the selection runs depth by depth (``L`` steps):
-``A_d``, the best ``B`` nodes of depth ``d``, is the top ``B`` of the children of ``A_{d-1}``.
-Only children ``(i, r)`` of the ``i``-th parent with rank ``r`` where ``(i+1)(r+1) <= B`` can
-make it (the others have ``B`` better candidates: the staircase), which leaves about
-``B ln B`` candidates per depth. The tree is then the top ``B`` of all ``A_d`` together.
+``A_d`` is the top ``B`` of the children of ``A_{d-1}``; by induction the tree's nodes of
+depth ``d`` are a prefix of it. Only children ``(i, r)`` of the ``i``-th parent with rank ``r``
+where ``(i+1)(r+2) <= B`` can be in the tree (a tree holding it also holds the
+``(i+1)(r+1)`` at least as good nodes ``(i' <= i, r' <= r)`` and their ``i+1`` parents: the
+staircase), which leaves fewer than ``B ln B`` candidates per depth. The tree is then the top
+``B`` of all ``A_d`` together.
 
 Ties are broken so that an ancestor always comes before its descendants: within a depth by
 (score desc, parent position asc, rank asc), across depths by (score desc, depth asc,
@@ -49,6 +51,7 @@ are raised to it, so they stay orderable and are drafted only when nothing bette
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -96,8 +99,9 @@ class DraftTree:
             ``q`` or one of its ancestors. Padding rows hold only themselves.
         num_nodes: int64 ``[b]``, drafted nodes per request; slots ``> num_nodes`` are padding.
         scores: float32 ``[b, N]``, log of the draft probability of each node's path (root 0,
-            padding ``-inf``).
-        max_depth: the number of drafted positions ``L``; no node is deeper.
+            padding ``-inf``); None when the tree was made elsewhere.
+        max_depth: the number of drafted positions ``L``; no node is deeper. None (a tree made
+            elsewhere) means "up to the budget": the walk's outputs are then ``N`` wide.
     """
 
     tokens: Tensor
@@ -105,8 +109,8 @@ class DraftTree:
     depths: Tensor
     visibility: Tensor
     num_nodes: Tensor
-    scores: Tensor
-    max_depth: int
+    scores: Tensor | None = None
+    max_depth: int | None = None
 
     @property
     def budget(self) -> int:
@@ -115,6 +119,11 @@ class DraftTree:
     @property
     def num_slots(self) -> int:
         return self.tokens.shape[1] + 1
+
+    @property
+    def depth_limit(self) -> int:
+        """``max_depth`` when known, else the budget (no tree is deeper than its node count)."""
+        return self.budget if self.max_depth is None else self.max_depth
 
 
 @dataclass
@@ -167,7 +176,7 @@ class CompactionIndices:
 
     Attributes:
         src_slots: int64 ``[b, L + 1]``; row ``k`` of the compacted window comes from node slot
-            ``src_slots[:, k]`` (the accepted node at depth ``k``; ``k`` itself after
+            ``src_slots[:, k]`` (the accepted node at depth ``k``; ``min(k, N - 1)`` after
             ``accept_len``, so the copy is the identity there). ``src_slots[:, k] >= k``, so
             gathering all sources before writing is safe in place.
         src_rows: int64 ``[b, L + 1]``, the same as flat rows ``request * N + slot`` into a
@@ -274,11 +283,15 @@ def build_tree(draft_logits: Tensor, budget: int, *, use_triton: bool | None = N
             f"draft_logits must be [batch, positions, vocab], got {draft_logits.shape}"
         )
     budget = max(0, int(budget))
+    if _want_triton(draft_logits, use_triton):
+        return _triton_build_tree(draft_logits, budget)
     logprobs, ids = topk_logprobs(draft_logits, budget)
     return build_tree_from_topk(logprobs, ids, budget)
 
 
-def build_tree_from_topk(topk_logprobs: Tensor, topk_ids: Tensor, budget: int) -> DraftTree:
+def build_tree_from_topk(
+    topk_logprobs: Tensor, topk_ids: Tensor, budget: int, *, use_triton: bool | None = None
+) -> DraftTree:
     """Build the trees from precomputed top-K log-probabilities ``[b, L, K]`` and ids.
 
     Each row must be normalised log-probabilities sorted descending (as
@@ -298,6 +311,8 @@ def build_tree_from_topk(topk_logprobs: Tensor, topk_ids: Tensor, budget: int) -
         return _empty_tree(b, budget, n_pos, device)
     lp = topk_logprobs[..., :kk].float().clamp_min(LOGPROB_FLOOR)
     ids = topk_ids[..., :kk].to(torch.int64)
+    if _want_triton(lp, use_triton):
+        return _triton_tree_from_topk(lp, ids, budget)
     scores, ranks, parent_pos = _select_per_depth(lp, budget)
     return _flatten(scores, ranks, parent_pos, ids, budget)
 
@@ -319,23 +334,28 @@ def _empty_tree(b: int, budget: int, n_pos: int, device: torch.device) -> DraftT
 
 
 @lru_cache(maxsize=64)
-def _staircase(budget: int, k: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Candidate (parent position, rank) pairs that can enter a depth's top ``budget``.
+def _staircase(budget: int, k: int, device: torch.device) -> tuple[Tensor, Tensor, int]:
+    """Candidate (parent position ``i``, rank ``r``) pairs worth scoring at depths >= 2.
 
-    Parents are sorted by score and ranks by log-prob, so candidate ``(i, r)`` is beaten by
-    all ``(i', r')`` with ``i' <= i, r' <= r``; it can only be among the best ``budget`` when
-    ``(i + 1)(r + 1) <= budget``. Ordered by (i, r): the tie-break order of a stable sort.
+    A tree node ``(i, r)`` comes with ``(i + 1)(r + 1)`` nodes of its depth that are at least
+    as good (``i' <= i, r' <= r``: parents and ranks are sorted) and with their ``i + 1``
+    parents, all of which the tree must then hold too: so ``(i + 1)(r + 2) <= budget``.
+    Ordered by (i, r), the tie-break order of a stable sort. Padded with (0, 0) to at least
+    ``budget`` entries; returns ``(cand_i, cand_r, number of real candidates)``.
     """
-    pairs = [(i, r) for i in range(budget) for r in range(min(k, budget // (i + 1)))]
+    pairs = [(i, r) for i in range(budget) for r in range(min(k, budget // (i + 1) - 1))]
+    real = len(pairs)
+    pairs += [(0, 0)] * max(0, budget - real)
     cand = torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2)
-    return cand[:, 0].contiguous().to(device), cand[:, 1].contiguous().to(device)
+    return cand[:, 0].contiguous().to(device), cand[:, 1].contiguous().to(device), real
 
 
 def _select_per_depth(lp: Tensor, budget: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``A_d`` for every depth: score, rank and parent position of its best ``budget`` nodes.
+    """``A_d`` for every depth: score, rank and parent position of ``budget`` candidates.
 
     Returns three ``[b, L, budget]`` tensors, each depth sorted by (score desc, parent asc,
-    rank asc); missing entries score ``-inf``.
+    rank asc); missing entries score ``-inf``. The nodes of depth ``d`` that belong to the
+    tree are a prefix of ``A_d``.
     """
     b, n_pos, kk = lp.shape
     device = lp.device
@@ -345,9 +365,10 @@ def _select_per_depth(lp: Tensor, budget: int) -> tuple[Tensor, Tensor, Tensor]:
     scores = [first]
     ranks = [torch.arange(budget, device=device).expand(b, budget)]
     parent_pos = [torch.full((b, budget), -1, dtype=torch.int64, device=device)]
-    cand_i, cand_r = _staircase(budget, kk, device)
+    cand_i, cand_r, real = _staircase(budget, kk, device)
+    padding = torch.arange(cand_i.numel(), device=device) >= real
     for d in range(1, n_pos):
-        cand = scores[-1][:, cand_i] + lp[:, d, cand_r]
+        cand = (scores[-1][:, cand_i] + lp[:, d, cand_r]).masked_fill(padding, _NEG_INF)
         # Stable: equal scores keep the (parent, rank) order of the candidate list.
         order = torch.sort(cand, dim=-1, descending=True, stable=True).indices[:, :budget]
         scores.append(cand.gather(1, order))
@@ -439,6 +460,7 @@ def verify_inputs(
     prefix_lens: Tensor,
     *,
     mask_numel: int | None = None,
+    use_triton: bool | None = None,
 ) -> VerifyInputs:
     """Inputs of the target's tree-verify pass (SGLang's FULL_MASK layout and retrieve_*).
 
@@ -463,6 +485,8 @@ def verify_inputs(
     indptr[1:] = torch.cumsum(n * row_len, 0)
     if mask_numel is None:
         mask_numel = int(indptr[-1])
+    if _want_triton(tree.parents, use_triton):
+        return _triton_verify_inputs(tree, root_tokens, prefix, mask_numel)
     tree_mask = _full_mask(tree.visibility, prefix, indptr, mask_numel)
 
     slots = torch.arange(n, device=device)
@@ -505,7 +529,9 @@ def _full_mask(visibility: Tensor, prefix: Tensor, indptr: Tensor, numel: int) -
 # -------------------------------------------------------------------------------- walk
 
 
-def verify_walk(tree: DraftTree, target_tokens: Tensor) -> WalkResult:
+def verify_walk(
+    tree: DraftTree, target_tokens: Tensor, *, use_triton: bool | None = None
+) -> WalkResult:
     """Follow each tree from the root while the target agrees with the draft.
 
     ``target_tokens [b, N]`` is the target's token at every node: its argmax, or at
@@ -514,15 +540,17 @@ def verify_walk(tree: DraftTree, target_tokens: Tensor) -> WalkResult:
     its parent and its parent is accepted. Siblings carry distinct tokens, so at most one
     child per node matches and the accepted nodes form one path from the root.
     """
+    if _want_triton(tree.parents, use_triton):
+        return _triton_verify_walk(tree, target_tokens)
     b, n = tree.parents.shape
     device = tree.parents.device
     target = target_tokens.to(device=device, dtype=torch.int64)
     slots = torch.arange(n, device=device).expand(b, n)
     jump = _self_parents(tree.parents)
     is_node = (tree.parents >= 0) & (slots <= tree.num_nodes.unsqueeze(1))
-    drafted = torch.cat([torch.zeros_like(tree.tokens[:, :1]), tree.tokens], 1)
+    drafted = torch.cat([tree.tokens.new_zeros((b, 1)), tree.tokens], 1)
     accepted_mask = ((drafted == target.gather(1, jump)) & is_node) | (slots == 0)
-    for _ in range(_jump_steps(tree.max_depth)):
+    for _ in range(_jump_steps(tree.depth_limit)):
         accepted_mask = accepted_mask & accepted_mask.gather(1, jump)
         jump = jump.gather(1, jump)
 
@@ -530,7 +558,7 @@ def verify_walk(tree: DraftTree, target_tokens: Tensor) -> WalkResult:
     last = depth_key.argmax(1, keepdim=True)
     accept_len = tree.depths.gather(1, last).squeeze(1) + 1
     bonus = target.gather(1, last).squeeze(1)
-    levels = torch.arange(tree.max_depth + 1, device=device).view(1, -1, 1)
+    levels = torch.arange(tree.depth_limit + 1, device=device).view(1, -1, 1)
     at_level = (tree.depths.unsqueeze(1) == levels) & accepted_mask.unsqueeze(1)
     node = torch.where(at_level, slots.unsqueeze(1), n).amin(-1)
     return WalkResult(accepted=torch.where(node == n, -1, node), accept_len=accept_len, bonus=bonus)
@@ -554,7 +582,7 @@ def committed_tokens(tree: DraftTree, walk: WalkResult) -> Tensor:
     bonus token).
     """
     b, width = walk.accepted.shape
-    drafted = torch.cat([torch.zeros_like(tree.tokens[:, :1]), tree.tokens], 1)
+    drafted = torch.cat([tree.tokens.new_zeros((b, 1)), tree.tokens], 1)
     nxt = torch.cat([walk.accepted[:, 1:], walk.accepted.new_full((b, 1), -1)], 1)
     matched = drafted.gather(1, nxt.clamp_min(0))
     k = torch.arange(width, device=walk.accepted.device).expand(b, width)
@@ -576,3 +604,432 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
     src_slots = torch.where(keep, walk.accepted, k).clamp_max(num_slots - 1)
     src_rows = torch.arange(b, device=device).unsqueeze(1) * num_slots + src_slots
     return CompactionIndices(src_slots=src_slots, src_rows=src_rows, keep=keep)
+
+
+# ------------------------------------------------------------------------------ triton
+#
+# Fused kernels for CUDA tensors. They compute exactly what the PyTorch code above computes
+# (the same staircase, the same tie-breaks, the same float32 sums) in five launches per
+# round: two for the vocabulary pass, one per request for the whole tree, one per node row
+# for the verify inputs, one per request for the walk. Triton is imported on first use only.
+
+
+def _want_triton(x: Tensor, use_triton: bool | None) -> bool:
+    if use_triton is False or not x.is_cuda:
+        return False
+    if use_triton is None and os.environ.get("DDTREE_DISABLE_TRITON") == "1":
+        return False
+    return _triton_importable()
+
+
+@lru_cache(maxsize=1)
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401 - only ever imported for CUDA tensors
+    except ImportError:
+        return False
+    return True
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@lru_cache(maxsize=1)
+def _kernels():
+    """Define the Triton kernels (once, on first use)."""
+    import triton
+    import triton.language as tl
+
+    # Kernels resolve names through this module's globals.
+    globals()["tl"] = tl
+
+    @triton.jit
+    def _tt_pack(x, idx):
+        # Order-preserving integer of a float32 in the high bits, the inverted index in the
+        # low 31: a larger key is a larger value, equal values put the lower index first.
+        u = (x + 0.0).to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+        ordv = tl.where(u >= 0x80000000, 0xFFFFFFFF - u, u + 0x80000000)
+        return (ordv << 31) | (0x7FFFFFFF - idx.to(tl.int64))
+
+    @triton.jit
+    def _tt_index(key):
+        return 0x7FFFFFFF - (key & 0x7FFFFFFF)
+
+    @triton.jit
+    def _tt_value(key):
+        ordv = key >> 31
+        u = tl.where(ordv >= 0x80000000, ordv - 0x80000000, 0xFFFFFFFF - ordv)
+        return u.to(tl.uint32).to(tl.float32, bitcast=True)
+
+    globals().update(_tt_pack=_tt_pack, _tt_index=_tt_index, _tt_value=_tt_value)
+
+    @triton.jit
+    def vocab_stats(
+        logits, stride, vocab, cmax, n_max, pmax, psum, n_prog, count,
+        CH: tl.constexpr, G: tl.constexpr,
+    ):  # fmt: skip
+        # Pass 1: the maximum of every CH-wide chunk, and a partial log-sum-exp.
+        row = tl.program_id(0)
+        p = tl.program_id(1)
+        offs = p * (G * CH) + tl.arange(0, G)[:, None] * CH + tl.arange(0, CH)[None, :]
+        x = tl.load(
+            logits + row.to(tl.int64) * stride + offs, mask=offs < vocab, other=float("-inf")
+        )
+        x = x.to(tl.float32)
+        chunk_max = tl.max(x, 1)
+        chunk = p * G + tl.arange(0, G)
+        tl.store(cmax + row * n_max + chunk, chunk_max, mask=chunk < n_max)
+        mx = tl.max(chunk_max, 0)
+        safe = tl.where(mx == float("-inf"), 0.0, mx)
+        tl.store(pmax + row * n_prog + p, mx)
+        tl.store(psum + row * n_prog + p, tl.sum(tl.sum(tl.exp(x - safe), 1), 0))
+        if p == 0:
+            tl.store(count + row, 0)
+
+    @triton.jit
+    def vocab_filter(
+        logits, stride, vocab, cmax, n_max, count, cand, cap,
+        KP: tl.constexpr, MP: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        # Pass 2: keep every logit >= the KP-th largest chunk maximum (KP chunk maxima are
+        # at least that large, so the top KP all pass), appended to a per-row list.
+        row = tl.program_id(0)
+        p = tl.program_id(1)
+        mm = tl.arange(0, MP)
+        maxima = tl.load(cmax + row * n_max + mm, mask=mm < n_max, other=float("-inf"))
+        tau = tl.min(tl.topk(maxima, KP), 0)
+        tau = tl.where(n_max >= KP, tau, float("-inf"))
+        offs = p * BLOCK + tl.arange(0, BLOCK)
+        inside = offs < vocab
+        x = tl.load(logits + row.to(tl.int64) * stride + offs, mask=inside, other=float("-inf"))
+        x = x.to(tl.float32)
+        keep = inside & (x >= tau)
+        n_keep = tl.sum(keep.to(tl.int32), 0)
+        base = tl.atomic_add(count + row, n_keep)
+        dst = base + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(cand + row * cap + dst, _tt_pack(x, offs), mask=keep & (dst < cap))
+
+    @triton.jit
+    def vocab_select(
+        logits, stride, vocab, pmax, psum, n_prog, count, cand, cap, lp_out, ids_out, k, floor,
+        PP: tl.constexpr, CAPP: tl.constexpr, KP: tl.constexpr, FB: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0)
+        pp = tl.arange(0, PP)
+        pm = tl.load(pmax + row * n_prog + pp, mask=pp < n_prog, other=float("-inf"))
+        ps = tl.load(psum + row * n_prog + pp, mask=pp < n_prog, other=0.0)
+        mx = tl.max(pm, 0)
+        safe = tl.where(mx == float("-inf"), 0.0, mx)
+        lse = safe + tl.log(tl.sum(ps * tl.exp(pm - safe), 0))
+        n_cand = tl.load(count + row)
+        t = tl.arange(0, CAPP)
+        keys = tl.load(cand + row * cap + t, mask=t < tl.minimum(n_cand, cap), other=-1)
+        top = tl.topk(keys, KP)
+        if n_cand > cap:
+            # The list overflowed (very flat rows): an exact scan of the whole row instead.
+            top = tl.full([KP], -1, tl.int64)
+            for c0 in range(0, vocab, FB):
+                offs = c0 + tl.arange(0, FB)
+                inside = offs < vocab
+                x = tl.load(logits + row.to(tl.int64) * stride + offs, mask=inside, other=0.0)
+                key = tl.where(inside, _tt_pack(x.to(tl.float32), offs), -1)
+                both = tl.join(top, tl.topk(key, KP))
+                top = tl.topk(tl.reshape(both, [2 * KP]), KP)
+        kk = tl.arange(0, KP)
+        km = kk < k
+        idx = tl.where(km, _tt_index(top), 0)
+        val = tl.load(logits + row.to(tl.int64) * stride + idx, mask=km, other=0.0)
+        lp = tl.maximum(val.to(tl.float32) - lse, floor)
+        tl.store(lp_out + row * k + kk, lp, mask=km)
+        tl.store(ids_out + row * k + kk, idx.to(tl.int64), mask=km)
+
+    @triton.jit
+    def tree(
+        lp, ids, k, cand_i, cand_r, n_cand, s_buf, r_buf, p_buf,
+        tokens, parents, depths, scores, num_nodes, vis,
+        n_pos: tl.constexpr, budget: tl.constexpr, n_slots: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr, LBP: tl.constexpr, LP: tl.constexpr,
+        NP: tl.constexpr, RB: tl.constexpr,
+    ):  # fmt: skip
+        req = tl.program_id(0)
+        n = budget + 1
+        lp_r = lp + req * n_pos * k
+        ids_r = ids + req * n_pos * k
+        s_r = s_buf + req * n_pos * budget
+        r_r = r_buf + req * n_pos * budget
+        p_r = p_buf + req * n_pos * budget
+        j = tl.arange(0, BP)
+        jm = j < budget
+        # A_1: the top ranks of position 1, children of the root.
+        a = tl.load(lp_r + j, mask=j < k, other=float("-inf"))
+        tl.store(s_r + j, a, mask=jm)
+        tl.store(r_r + j, j, mask=jm)
+        tl.store(p_r + j, j * 0 - 1, mask=jm)
+        c = tl.arange(0, CP)
+        cm = c < n_cand
+        ci = tl.load(cand_i + c, mask=cm, other=0).to(tl.int32)
+        cr = tl.load(cand_r + c, mask=cm, other=0).to(tl.int32)
+        for d in range(1, n_pos):
+            logp = tl.load(lp_r + d * k + cr, mask=cm, other=float("-inf"))
+            score = tl.where(cm, tl.gather(a, ci, 0) + logp, float("-inf"))
+            top = tl.topk(_tt_pack(score, c), BP)
+            a = _tt_value(top)
+            pick = _tt_index(top).to(tl.int32)
+            tl.store(s_r + d * budget + j, a, mask=jm)
+            tl.store(r_r + d * budget + j, tl.gather(cr, pick, 0), mask=jm)
+            tl.store(p_r + d * budget + j, tl.gather(ci, pick, 0), mask=jm)
+        tl.debug_barrier()
+        # The global top `budget` over all depths, ties by (depth, position).
+        f = tl.arange(0, LBP)
+        fm = f < n_pos * budget
+        all_s = tl.load(s_r + f, mask=fm, other=float("-inf"))
+        top = tl.topk(_tt_pack(tl.where(fm, all_s, float("-inf")), f), BP)
+        val = _tt_value(top)
+        flat = tl.where(jm, _tt_index(top), 0)
+        valid = jm & (val > float("-inf"))
+        dd = flat // budget
+        pos = flat - dd * budget
+        lvl = tl.arange(0, LP)
+        onehot = dd[:, None] == lvl[None, :]
+        counts = tl.sum((onehot & valid[:, None]).to(tl.int32), 0)
+        starts = tl.cumsum(counts, 0) - counts
+        start_d = tl.sum(tl.where(onehot, starts[None, :], 0), 1)
+        start_pd = tl.sum(tl.where(dd[:, None] - 1 == lvl[None, :], starts[None, :], 0), 1)
+        n_nodes = tl.sum(valid.to(tl.int32), 0)
+        rank = tl.load(r_r + flat, mask=valid, other=0)
+        ppos = tl.load(p_r + flat, mask=valid, other=0)
+        tok = tl.load(ids_r + dd * k + rank, mask=valid, other=0)
+        # Valid lanes come first (sorted), so valid slots 1..n and padding slots n+1..B
+        # are disjoint: every slot is written exactly once.
+        slot = tl.where(valid, 1 + start_d + pos, j + 1)
+        parent = tl.where(dd == 0, 0, 1 + start_pd + ppos)
+        tl.store(tokens + req * budget + slot - 1, tl.where(valid, tok, 0), mask=jm)
+        tl.store(parents + req * n + slot, tl.where(valid, parent, -1).to(tl.int64), mask=jm)
+        tl.store(depths + req * n + slot, tl.where(valid, dd + 1, 0).to(tl.int64), mask=jm)
+        tl.store(scores + req * n + slot, tl.where(valid, val, float("-inf")), mask=jm)
+        tl.store(parents + req * n, -1)
+        tl.store(depths + req * n, 0)
+        tl.store(scores + req * n, 0.0)
+        tl.store(num_nodes + req, n_nodes.to(tl.int64))
+        tl.debug_barrier()
+        cols = tl.arange(0, NP)
+        colm = cols < n
+        par = tl.load(parents + req * n + cols, mask=colm, other=-1)
+        up = tl.where(par >= 0, par, cols).to(tl.int32)  # root and padding: themselves
+        for r0 in range(0, n_slots, RB):
+            rows = r0 + tl.arange(0, RB)
+            rm = rows < n
+            anc = tl.minimum(rows, NP - 1)
+            seen = anc[:, None] == cols[None, :]
+            for _ in range(n_pos):
+                anc = tl.gather(up, anc, 0)
+                seen = seen | (anc[:, None] == cols[None, :])
+            out = vis + req * n * n + rows[:, None] * n + cols[None, :]
+            tl.store(out, seen.to(tl.uint8), mask=rm[:, None] & colm[None, :])
+
+    @triton.jit
+    def verify(
+        parents, depths, tokens, num_nodes, vis, roots, prefix, batch, n,
+        input_ids, positions, mask, indptr, next_token, next_sibling, retrieve_index,
+        NP: tl.constexpr, BBP: tl.constexpr, MB: tl.constexpr,
+    ):  # fmt: skip
+        req = tl.program_id(0)
+        q = tl.program_id(1)
+        cols = tl.arange(0, NP)
+        colm = cols < n
+        par = tl.load(parents + req * n + cols, mask=colm, other=-1)
+        nn = tl.load(num_nodes + req)
+        p_q = tl.load(parents + req * n + q)
+        real = (cols >= 1) & (cols <= nn)
+        big = NP + 1
+        child = tl.min(tl.where((par == q) & real, cols, big), 0)
+        sib_ok = (par == p_q) & (p_q >= 0) & (cols > q) & real
+        sib = tl.min(tl.where(sib_ok, cols, big), 0)
+        out = req * n + q
+        tl.store(next_token + out, tl.where(child == big, -1, child).to(tl.int64))
+        tl.store(next_sibling + out, tl.where(sib == big, -1, sib).to(tl.int64))
+        tl.store(retrieve_index + out, out.to(tl.int64))
+        plen = tl.load(prefix + req)
+        tok = tl.load(tokens + req * (n - 1) + q - 1, mask=q > 0, other=0)
+        tok = tl.where(q == 0, tl.load(roots + req), tok)
+        tl.store(input_ids + out, tok)
+        tl.store(positions + out, plen + tl.load(depths + out))
+        rr = tl.arange(0, BBP)
+        before = tl.load(prefix + rr, mask=rr < req, other=0)
+        start = tl.sum(tl.where(rr < req, n * (before + n), 0), 0)
+        if q == 0:
+            tl.store(indptr + req + 1, start + n * (plen + n))
+            if req == 0:
+                tl.store(indptr, start * 0)
+        row_start = start + q * (plen + n)
+        ones = tl.full([MB], 1, tl.uint8)
+        for c0 in range(0, plen, MB):
+            cc = c0 + tl.arange(0, MB)
+            tl.store(mask + row_start + cc, ones, mask=cc < plen)
+        v = tl.load(vis + out * n + cols, mask=colm, other=0)
+        tl.store(mask + row_start + plen + cols, v, mask=colm)
+
+    @triton.jit
+    def walk(
+        parents, depths, tokens, num_nodes, target, n,
+        accepted, accept_len, bonus,
+        n_pos: tl.constexpr, NP: tl.constexpr, LP1: tl.constexpr,
+    ):  # fmt: skip
+        req = tl.program_id(0)
+        cols = tl.arange(0, NP)
+        colm = cols < n
+        par = tl.load(parents + req * n + cols, mask=colm, other=-1)
+        dep = tl.load(depths + req * n + cols, mask=colm, other=0)
+        tok = tl.load(tokens + req * (n - 1) + cols - 1, mask=colm & (cols >= 1), other=0)
+        nn = tl.load(num_nodes + req)
+        at_parent = tl.load(target + req * n + par, mask=par >= 0, other=-1)
+        match = ((tok == at_parent) & (par >= 0) & (cols <= nn)) | (cols == 0)
+        up = tl.where(par >= 0, par, cols)
+        acc = match.to(tl.int32)
+        for _ in range(n_pos):
+            acc = match.to(tl.int32) & tl.gather(acc, up, 0)
+        acc = acc != 0
+        key = tl.where(acc & colm, dep, -1)
+        best = tl.max(key, 0)
+        big = NP + 1
+        last = tl.min(tl.where(key == best, cols, big), 0)
+        tl.store(accept_len + req, (best + 1).to(tl.int64))
+        tl.store(bonus + req, tl.load(target + req * n + last))
+        lv = tl.arange(0, LP1)
+        hit = (dep[None, :] == lv[:, None]) & acc[None, :] & colm[None, :]
+        node = tl.min(tl.where(hit, cols[None, :], big), 1)
+        node = tl.where(node == big, -1, node).to(tl.int64)
+        tl.store(accepted + req * (n_pos + 1) + lv, node, mask=lv < n_pos + 1)
+
+    return {
+        "vocab_stats": vocab_stats,
+        "vocab_filter": vocab_filter,
+        "vocab_select": vocab_select,
+        "tree": tree,
+        "verify": verify,
+        "walk": walk,
+    }
+
+
+def _triton_topk_logprobs(
+    draft_logits: Tensor, k: int, *, capacity: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """:func:`topk_logprobs` in three launches: chunk maxima and partial log-sum-exp; the
+    logits above a threshold that the top K must clear; the top K of those (an exact full
+    scan for a row whose list overflows ``capacity``, default ``8 * K``)."""
+    b, n_pos, vocab = draft_logits.shape
+    k = min(k, vocab)
+    x = draft_logits.reshape(b * n_pos, vocab)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    rows = b * n_pos
+    kp = _pow2(k)
+    ch, groups = 256, 16
+    block = ch * groups
+    n_max = -(-vocab // ch)
+    n_prog = -(-vocab // block)
+    cap = capacity if capacity is not None else max(256, 8 * kp)
+    dev = x.device
+    cmax = torch.empty((rows, n_max), dtype=torch.float32, device=dev)
+    pmax = torch.empty((rows, n_prog), dtype=torch.float32, device=dev)
+    psum = torch.empty((rows, n_prog), dtype=torch.float32, device=dev)
+    count = torch.empty((rows,), dtype=torch.int32, device=dev)
+    cand = torch.empty((rows, cap), dtype=torch.int64, device=dev)
+    lp = torch.empty((b, n_pos, k), dtype=torch.float32, device=dev)
+    ids = torch.empty((b, n_pos, k), dtype=torch.int64, device=dev)
+    kern = _kernels()
+    kern["vocab_stats"][(rows, n_prog)](
+        x, x.stride(0), vocab, cmax, n_max, pmax, psum, n_prog, count, CH=ch, G=groups,
+        num_warps=8,
+    )  # fmt: skip
+    kern["vocab_filter"][(rows, n_prog)](
+        x, x.stride(0), vocab, cmax, n_max, count, cand, cap,
+        KP=kp, MP=max(_pow2(n_max), kp), BLOCK=block, num_warps=8,
+    )  # fmt: skip
+    kern["vocab_select"][(rows,)](
+        x, x.stride(0), vocab, pmax, psum, n_prog, count, cand, cap, lp, ids, k, LOGPROB_FLOOR,
+        PP=_pow2(n_prog), CAPP=max(_pow2(cap), kp), KP=kp, FB=4096, num_warps=8,
+    )  # fmt: skip
+    return lp, ids
+
+
+def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
+    """The selection, flattening and visibility of every request in one launch each."""
+    b, n_pos, k = lp.shape
+    dev = lp.device
+    n = budget + 1
+    cand_i, cand_r, n_cand = _staircase(budget, k, dev)
+    lp = lp.contiguous()
+    ids = ids.contiguous()
+    s_buf = torch.empty((b, n_pos, budget), dtype=torch.float32, device=dev)
+    r_buf = torch.empty((b, n_pos, budget), dtype=torch.int64, device=dev)
+    p_buf = torch.empty((b, n_pos, budget), dtype=torch.int64, device=dev)
+    tokens = torch.empty((b, budget), dtype=torch.int64, device=dev)
+    parents = torch.empty((b, n), dtype=torch.int64, device=dev)
+    depths = torch.empty((b, n), dtype=torch.int64, device=dev)
+    scores = torch.empty((b, n), dtype=torch.float32, device=dev)
+    num_nodes = torch.empty((b,), dtype=torch.int64, device=dev)
+    vis = torch.empty((b, n, n), dtype=torch.bool, device=dev)
+    _kernels()["tree"][(b,)](
+        lp, ids, k, cand_i, cand_r, n_cand, s_buf, r_buf, p_buf,
+        tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8),
+        n_pos=n_pos, budget=budget, n_slots=n, BP=_pow2(budget), CP=_pow2(cand_i.numel()), LBP=_pow2(n_pos * budget), LP=_pow2(n_pos),
+        NP=_pow2(n), RB=16, num_warps=8,
+    )  # fmt: skip
+    return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)
+
+
+def _triton_build_tree(draft_logits: Tensor, budget: int) -> DraftTree:
+    if budget == 0 or draft_logits.shape[1] == 0:
+        return _empty_tree(
+            draft_logits.shape[0], budget, draft_logits.shape[1], draft_logits.device
+        )
+    lp, ids = _triton_topk_logprobs(draft_logits, budget)
+    return _triton_tree_from_topk(lp, ids, budget)
+
+
+def _triton_verify_inputs(
+    tree: DraftTree, root_tokens: Tensor, prefix_lens: Tensor, mask_numel: int
+) -> VerifyInputs:
+    b, n = tree.parents.shape
+    dev = tree.parents.device
+    roots = root_tokens.to(device=dev, dtype=torch.int64).contiguous()
+    prefix = prefix_lens.to(device=dev, dtype=torch.int64).contiguous()
+    shape = (b, n)
+    out = {
+        name: torch.empty(shape, dtype=torch.int64, device=dev)
+        for name in ("input_ids", "positions", "next_token", "next_sibling", "retrieve_index")
+    }
+    mask = torch.zeros((mask_numel,), dtype=torch.bool, device=dev)
+    indptr = torch.empty((b + 1,), dtype=torch.int64, device=dev)
+    _kernels()["verify"][(b, n)](
+        tree.parents, tree.depths, tree.tokens, tree.num_nodes, tree.visibility.view(torch.uint8),
+        roots, prefix, b, n, out["input_ids"], out["positions"], mask.view(torch.uint8), indptr,
+        out["next_token"], out["next_sibling"], out["retrieve_index"],
+        NP=_pow2(n), BBP=_pow2(b + 1), MB=1024, num_warps=4,
+    )  # fmt: skip
+    return VerifyInputs(
+        input_ids=out["input_ids"],
+        positions=out["positions"],
+        tree_mask=mask,
+        mask_indptr=indptr,
+        retrieve_index=out["retrieve_index"],
+        retrieve_next_token=out["next_token"],
+        retrieve_next_sibling=out["next_sibling"],
+    )
+
+
+def _triton_verify_walk(tree: DraftTree, target_tokens: Tensor) -> WalkResult:
+    b, n = tree.parents.shape
+    dev = tree.parents.device
+    target = target_tokens.to(device=dev, dtype=torch.int64).contiguous()
+    width = tree.depth_limit + 1
+    accepted = torch.empty((b, width), dtype=torch.int64, device=dev)
+    accept_len = torch.empty((b,), dtype=torch.int64, device=dev)
+    bonus = torch.empty((b,), dtype=torch.int64, device=dev)
+    _kernels()["walk"][(b,)](
+        tree.parents, tree.depths, tree.tokens, tree.num_nodes, target, n,
+        accepted, accept_len, bonus,
+        n_pos=tree.depth_limit, NP=_pow2(n), LP1=_pow2(width), num_warps=4,
+    )  # fmt: skip
+    return WalkResult(accepted=accepted, accept_len=accept_len, bonus=bonus)

@@ -9,4 +9,6 @@ import typer
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else there.")
 ]
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show what would change; change nothing.")]
+DryRunOpt = Annotated[
+    bool, typer.Option("--dry-run", help="Show what would change; change nothing.")
+]

@@ -36,8 +36,12 @@ def serve(
     max_running_requests: Annotated[
         int, typer.Option(help="Requests decoded together in one batch.")
     ] = 8,
-    context_length: Annotated[int, typer.Option(help="Prompt + output tokens per request.")] = 2048,
+    context_length: Annotated[
+        int | None,
+        typer.Option(help="Prompt + output tokens per request (default: the model's limit)."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the random weights and of sampling.")] = 0,
+    threads: Annotated[int, typer.Option(help="CPU threads for torch (0: torch's default).")] = 1,
     json_out: JsonOpt = False,
 ) -> None:
     """Serve AR, DFlash or DDTree decoding over SGLang's HTTP API (/generate, /v1/completions,

@@ -23,8 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-running-requests", type=int, default=8)
-    p.add_argument("--context-length", type=int, default=2048)
+    p.add_argument("--context-length", type=int)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     opts = ServeOptions(**vars(args))
     try:

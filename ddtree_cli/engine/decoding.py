@@ -19,6 +19,7 @@ the target's own.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ class Sequence:
     correct_drafts: int = 0
     # Tokens per round before truncation at a stop token or the length limit.
     accepted_tokens: int = 0
+    # correct_drafts_histogram[k]: rounds that accepted k drafted tokens (SGLang's field).
+    correct_drafts_histogram: list[int] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -67,6 +70,12 @@ class Sequence:
 
 
 class Engine:
+    """Decoding state for up to ``max_batch`` sequences; one thread drives it.
+
+    Moves the pair's modules to ``device``/``dtype`` in place (engines sharing a pair share
+    its weights, so they must agree on both).
+    """
+
     def __init__(
         self,
         pair: ModelPair,
@@ -75,7 +84,7 @@ class Engine:
         block_size: int | None = None,
         budget: int | None = None,
         max_batch: int = 8,
-        context_len: int = 2048,
+        context_len: int | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
@@ -97,13 +106,14 @@ class Engine:
             raise ConfigError(f"budget {self.budget} must be at least 1")
         self.width = {"ar": 1, "dflash": self.block_size, "ddtree": self.budget + 1}[algo]
         self.max_batch = max_batch
-        self.context_len = context_len
-        # Room for a verify block past the longest allowed sequence.
-        self.capacity = context_len + self.width + self.block_size
         max_pos = pair.target.config.max_position_embeddings
+        # Room for a verify block past the longest allowed sequence.
+        headroom = self.width + self.block_size
+        self.context_len = context_len if context_len is not None else max_pos - headroom
+        self.capacity = self.context_len + headroom
         if self.capacity > max_pos:
             raise ConfigError(
-                f"context length {context_len} needs positions up to {self.capacity}, "
+                f"context length {self.context_len} needs positions up to {self.capacity}, "
                 f"the model has {max_pos}"
             )
         self.cache = self.target.new_cache(max_batch, self.capacity, self.device, dtype)
@@ -131,14 +141,8 @@ class Engine:
 
     # ---- admission -------------------------------------------------------------------
 
-    def max_prompt_len(self, max_new_tokens: int) -> int:
-        return self.context_len - max_new_tokens
-
-    @torch.inference_mode()
-    def add(self, seq: Sequence) -> list[int]:
-        """Prefill ``seq`` into the next free row; returns its first token(s) committed."""
-        if len(self.seqs) >= self.max_batch:
-            raise RuntimeError("engine is full")
+    def check(self, seq: Sequence) -> None:
+        """Raise ConfigError if ``seq`` can never run on this engine."""
         if not seq.prompt:
             raise ConfigError("empty prompt")
         if len(seq.prompt) + seq.max_new_tokens > self.context_len:
@@ -146,24 +150,48 @@ class Engine:
                 f"prompt ({len(seq.prompt)}) + max_new_tokens ({seq.max_new_tokens}) exceeds "
                 f"the context length {self.context_len}"
             )
-        row = len(self.seqs)
-        n = len(seq.prompt)
-        ids = torch.tensor([seq.prompt], dtype=torch.long, device=self.device)
-        pos = self._arange[:n].unsqueeze(0)
-        mask = (pos.unsqueeze(-1) >= pos.unsqueeze(-2)).unsqueeze(1)
-        cache = self.cache[:, :, row : row + 1]
-        hidden, feats = self.target(ids, pos, cache, pos, mask, self.feature_layers)
-        logits = self.target.logits(hidden[:, -1:])
-        self.temps[row] = seq.temperature
-        token = self._choose(logits, self.temps[row : row + 1], seq.temperature > 0)
+        if seq.max_new_tokens < 1:
+            raise ConfigError("max_new_tokens must be at least 1")
+
+    def add(self, seq: Sequence) -> list[int]:
+        return self.add_many([seq])[0]
+
+    @torch.inference_mode()
+    def add_many(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Prefill ``seqs`` together (one padded causal forward) into the next free rows.
+
+        Returns each sequence's first committed token (a list, empty never).
+        """
+        if len(self.seqs) + len(seqs) > self.max_batch:
+            raise RuntimeError("engine is full")
+        for seq in seqs:
+            self.check(seq)
+        first, k = len(self.seqs), len(seqs)
+        rows = slice(first, first + k)
+        width = max(len(s.prompt) for s in seqs)
+        ids = torch.tensor(
+            [s.prompt + [0] * (width - len(s.prompt)) for s in seqs], dtype=torch.long
+        ).to(self.device)
+        lens = torch.tensor([len(s.prompt) for s in seqs], dtype=torch.long).to(self.device)
+        temps = torch.tensor([s.temperature for s in seqs], dtype=torch.float32).to(self.device)
+        pos = self._arange[:width].unsqueeze(0).expand(k, width)
+        # Causal, and blind to each row's padding (whose K/V lands past the row's length).
+        mask = (pos.unsqueeze(-1) >= pos.unsqueeze(-2)) & (pos < lens.unsqueeze(1)).unsqueeze(1)
+        hidden, feats = self.target(
+            ids, pos, self.cache[:, :, rows], pos, mask.unsqueeze(1), self.feature_layers
+        )
+        last = hidden.gather(1, (lens - 1).view(k, 1, 1).expand(k, 1, hidden.shape[-1]))
+        tokens = self._choose(self.target.logits(last), temps, any(s.temperature > 0 for s in seqs))
         if self.draft_cache is not None:
-            self.drafter.write_context(self.draft_cache[:, :, row : row + 1], feats, pos, pos)
-        self.lens[row] = n
-        self.roots[row] = token[0, 0]
-        self.seqs.append(seq)
-        taken = seq.commit([int(token[0, 0])])
-        if seq.finished:
-            self._remove(row)
+            self.drafter.write_context(self.draft_cache[:, :, rows], feats, pos, pos)
+        self.lens[rows] = lens
+        self.roots[rows] = tokens[:, 0]
+        self.temps[rows] = temps
+        self.seqs.extend(seqs)
+        taken = [seq.commit([tok]) for seq, tok in zip(seqs, tokens[:, 0].tolist(), strict=True)]
+        for row in reversed(range(first, first + k)):
+            if self.seqs[row].finished:
+                self._remove(row)
         return taken
 
     # ---- one round -------------------------------------------------------------------
@@ -269,6 +297,9 @@ class Engine:
                 seq.verify_ct += 1
                 seq.correct_drafts += n - 1
                 seq.accepted_tokens += n
+                hist = seq.correct_drafts_histogram
+                hist.extend([0] * (n - len(hist)))
+                hist[n - 1] += 1
                 self.total_rounds += 1
                 self.total_accepted += n
             results.append((seq, seq.commit(row[1 : 1 + n])))
@@ -307,9 +338,12 @@ def generate(
 ) -> list[Sequence]:
     """Run prompts to completion, at most ``engine.max_batch`` at a time (tests, benchmarks)."""
     pending = [Sequence(p, max_new_tokens, temperature, stop_ids) for p in prompts]
-    queue = list(pending)
+    queue = deque(pending)
     while queue or engine.seqs:
-        while queue and len(engine.seqs) < engine.max_batch:
-            engine.add(queue.pop(0))
+        admit = [
+            queue.popleft() for _ in range(min(len(queue), engine.max_batch - len(engine.seqs)))
+        ]
+        if admit:
+            engine.add_many(admit)
         engine.step()
     return pending

@@ -138,6 +138,9 @@ def parse_generate(body: Any, tokenizer: ByteTokenizer, limits: Limits) -> tuple
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream must be a boolean")
+    for key in ("return_logprob", "return_hidden_states", "lora_path", "image_data"):
+        if body.get(key):
+            raise BadRequest(f"{key} is not supported by the embedded engine")
     if text is not None:
         is_batch = isinstance(text, list)
         prompts = text if is_batch else [text]
@@ -234,6 +237,7 @@ def meta_info(rid: str, seq: Sequence, spec: SpecInfo, e2e_latency: float | None
             info["spec_num_correct_drafts"] = seq.correct_drafts
             info["spec_num_proposed_drafts"] = proposed
             info["spec_verify_ct"] = seq.verify_ct
+            info["spec_correct_drafts_histogram"] = list(seq.correct_drafts_histogram)
     return info
 
 

@@ -64,6 +64,7 @@ class Stats:
     spec_accept_tokens: int = 0  # tokens those rounds accepted (drafts + bonus)
     spec_correct_drafts: int = 0
     num_aborted: int = 0
+    max_running: int = 0  # the largest batch one round has decoded
     ttft: Histogram = field(default_factory=Histogram)
     e2e: Histogram = field(default_factory=Histogram)
 
@@ -127,8 +128,12 @@ class Scheduler:
     def _run(self) -> None:
         try:
             self.engine = self._build_engine()
-        except Exception as exc:  # the server reports it on /health and exits
-            self.failed = str(exc) if isinstance(exc, DdtreeError) else repr(exc)
+        except DdtreeError as exc:  # the server reports it on /health and exits
+            self.failed = exc.message
+            self.ready.set()
+            return
+        except Exception as exc:
+            self.failed = repr(exc)
             log.exception("engine failed to start")
             self.ready.set()
             return
@@ -163,6 +168,7 @@ class Scheduler:
         engine = self.engine
         produced = 0
         start = time.perf_counter()
+        ready = []
         for req in admit:
             self.stats.num_requests += 1
             self.stats.prompt_tokens += len(req.seq.prompt)
@@ -171,13 +177,19 @@ class Scheduler:
                 self._finish(req)
                 continue
             try:
-                tokens = engine.add(req.seq)
+                engine.check(req.seq)
             except DdtreeError as exc:
                 self._fail(req, exc.message)
                 continue
-            self._running[id(req.seq)] = req
-            produced += len(tokens)
-            self._deliver(req, tokens)
+            ready.append(req)
+        if ready:
+            for req in ready:
+                self._running[id(req.seq)] = req
+            firsts = engine.add_many([r.seq for r in ready])
+            for req, tokens in zip(ready, firsts, strict=True):
+                produced += len(tokens)
+                self._deliver(req, tokens)
+        self.stats.max_running = max(self.stats.max_running, len(engine.seqs))
         for seq, tokens in engine.step():
             produced += len(tokens)
             self._deliver(self._running[id(seq)], tokens)

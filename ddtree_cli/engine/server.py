@@ -42,8 +42,11 @@ class ServeOptions:
     device: str = "cpu"
     dtype: str = "float32"
     max_running_requests: int = 8
-    context_length: int = 2048
+    context_length: int | None = None  # default: what the model's positions allow
     seed: int = 0
+    # CPU threads for torch; 1 suits the small default model and several servers sharing a
+    # machine (OpenMP spin-waiting makes oversubscribed threads very slow). 0: torch's default.
+    threads: int = 1
 
     def validate(self) -> None:
         if self.algo not in ("ar", "dflash", "ddtree"):
@@ -58,6 +61,10 @@ class ServeOptions:
             raise ConfigError(f"unknown --dtype {self.dtype!r}")
         if self.max_running_requests < 1:
             raise ConfigError("--max-running-requests must be at least 1")
+        if self.context_length is not None and self.context_length < 2:
+            raise ConfigError(f"--context-length must be at least 2, got {self.context_length}")
+        if self.threads < 0:
+            raise ConfigError(f"--threads must be >= 0, got {self.threads}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"--port {self.port} is not a TCP port")
 
@@ -67,6 +74,8 @@ def build_engine(opts: ServeOptions) -> Engine:
 
     if opts.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {opts.device}: CUDA is not available here")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     pair = load_pair(opts.model) if opts.model else random_pair(seed=opts.seed)
     engine = Engine(
         pair,
@@ -176,6 +185,7 @@ class EngineServer:
                     "last_gen_throughput": self.scheduler.last_throughput,
                     "num_running_reqs": self.scheduler.num_running,
                     "num_queue_reqs": self.scheduler.num_waiting,
+                    "max_running_reqs_seen": stats.max_running,
                 }
             ],
             "version": __version__,
@@ -221,7 +231,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(status, {"error": {"message": message, "code": status}})
 
     def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise protocol.BadRequest("invalid Content-Length header") from None
         raw = self.rfile.read(length) if length else b""
         try:
             return json.loads(raw or b"null")

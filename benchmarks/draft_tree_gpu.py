@@ -1,0 +1,359 @@
+"""Per-round cost of the DDTree tree machinery on a GPU, against the reference's way.
+
+One round = build the tree from bf16 draft logits ``[b, 15, vocab]`` + the verify inputs
+(input ids, positions, FULL_MASK tree mask, retrieve_* arrays) + the verify walk + the
+compaction indices. Measured side by side in one run:
+
+- ``reference``: what liranringel/ddtree does per request (written here from the paper's
+  description): top-K and log-sum-exp on the GPU, copy to the host, a Python best-first heap,
+  a NumPy visibility mask, a host-to-device copy of the verify arrays, and the walk over
+  ``child_maps`` after pulling the target's tokens to the host. Requests run one after another.
+- ``torch eager`` / ``torch graph``: ``ddtree_cli.draft_tree`` on its pure-PyTorch path,
+  launched eagerly and replayed from a CUDA graph.
+- ``triton eager`` / ``triton graph``: the same functions on their fused Triton kernels.
+
+Before timing, every configuration checks the Triton path against the PyTorch path (same
+node scores, same tree up to equal-score ties, same verify arrays and walk on the same tree)
+and both against the reference heap's tree value. Times are medians of CUDA-event timings.
+
+Usage: python benchmarks/draft_tree_gpu.py [--batches 1,8,32,64] [--budgets 16,...] [--json F]
+"""
+
+# The breakdown's stage closures run within their own loop iteration.
+# ruff: noqa: B023
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ddtree_cli import draft_tree as dt  # noqa: E402
+
+TARGETS_US = {(1, 64): 40.0, (32, 64): 150.0}
+
+
+# ----------------------------------------------------------------- the reference's round
+
+
+def reference_tree(lp: np.ndarray, ids: np.ndarray, budget: int):
+    """Best-first heap over one request's top-K (paper Algorithm 1) + NumPy visibility."""
+    n_pos, k = lp.shape
+    k = min(k, budget)
+    tokens, depths, parents = [0], [0], [-1]
+    child_maps: list[dict[int, int]] = [{}]
+    scores = [0.0]
+    heap = [(-float(lp[0, 0]), (0,), 0, 1, 0, float(lp[0, 0]))]
+    while heap and len(tokens) - 1 < budget:
+        _, ranks, parent, depth, rank, logw = heapq.heappop(heap)
+        index = len(tokens)
+        token = int(ids[depth - 1, rank])
+        tokens.append(token)
+        depths.append(depth)
+        parents.append(parent)
+        scores.append(logw)
+        child_maps.append({})
+        child_maps[parent][token] = index
+        if rank + 1 < k:
+            sib = logw - float(lp[depth - 1, rank]) + float(lp[depth - 1, rank + 1])
+            heapq.heappush(heap, (-sib, ranks[:-1] + (rank + 1,), parent, depth, rank + 1, sib))
+        if depth < n_pos:
+            child = logw + float(lp[depth, 0])
+            heapq.heappush(heap, (-child, ranks + (0,), index, depth + 1, 0, child))
+    n = len(tokens)
+    vis = np.zeros((n, n), dtype=bool)
+    vis[0, 0] = True
+    for i in range(1, n):
+        vis[i] = vis[parents[i]]
+        vis[i, i] = True
+    return tokens, depths, parents, child_maps, vis, scores
+
+
+def reference_round(logits, budget, roots, prefix, target):
+    """One round for a batch, request by request, the way the reference code does it."""
+    out = []
+    for r in range(logits.shape[0]):
+        k = min(budget, logits.shape[-1])
+        x = logits[r].float()
+        top, ids = torch.topk(x, k, dim=-1)
+        lp = (top - torch.logsumexp(x, dim=-1, keepdim=True)).cpu().numpy()
+        tokens, depths, parents, child_maps, vis, scores = reference_tree(
+            lp, ids.cpu().numpy(), budget
+        )
+        dev = logits.device
+        ids_dev = torch.tensor([int(roots[r])] + tokens[1:], device=dev)
+        pos_dev = torch.tensor(depths, device=dev) + int(prefix[r])
+        mask_dev = torch.from_numpy(vis).to(dev)
+        post = target[r, : len(tokens)].tolist()
+        accepted, cur, nxt = [0], 0, post[0]
+        while nxt in child_maps[cur]:
+            cur = child_maps[cur][nxt]
+            accepted.append(cur)
+            nxt = post[cur]
+        out.append((scores, accepted, nxt, ids_dev, pos_dev, mask_dev))
+    return out
+
+
+# ----------------------------------------------------------------------- the new round
+
+
+def make_round(logits, budget, roots, prefix, target, mask_numel, use_triton):
+    def run():
+        tree = dt.build_tree(logits, budget, use_triton=use_triton)
+        vi = dt.verify_inputs(tree, roots, prefix, mask_numel=mask_numel, use_triton=use_triton)
+        walk = dt.verify_walk(tree, target, use_triton=use_triton)
+        comp = dt.compaction_indices(walk, budget + 1)
+        return tree, vi, walk, comp
+
+    return run
+
+
+def time_eager(fn, iters: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
+def time_graph(fn, iters: int) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
+def time_reference(logits, budget, roots, prefix, target, iters: int) -> float:
+    reference_round(logits, budget, roots, prefix, target)
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        reference_round(logits, budget, roots, prefix, target)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def check_against_reference(tree: dt.DraftTree, ref) -> None:
+    for r, (scores, *_rest) in enumerate(ref):
+        n = int(tree.num_nodes[r])
+        assert n == len(scores) - 1, (n, len(scores))
+        ours = np.sort(tree.scores[r, 1 : n + 1].double().cpu().numpy())
+        theirs = np.sort(np.array(scores[1:]))
+        assert np.allclose(ours, theirs, atol=1e-3), "tree value differs from the heap's"
+
+
+def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel) -> None:
+    """Each Triton kernel against the PyTorch path on the same inputs."""
+    lp_t, ids_t = dt._triton_topk_logprobs(logits, budget)
+    lp_p, ids_p = dt.topk_logprobs(logits, budget)
+    assert torch.allclose(lp_t, lp_p, atol=1e-5), "top-K log-probs"
+    # Equal bf16 logits may come in another order; the values at the ids must agree.
+    assert torch.equal(logits.gather(-1, ids_t), logits.gather(-1, ids_p)), "top-K ids"
+    # A candidate list too small for the row forces the exact full-scan fallback.
+    lp_o, ids_o = dt._triton_topk_logprobs(logits, budget, capacity=max(1, budget // 2))
+    assert torch.equal(lp_o, lp_t) and torch.equal(ids_o, ids_t), "overflow fallback"
+    tt = dt.build_tree_from_topk(lp_p, ids_p, budget, use_triton=True)
+    tp = dt.build_tree_from_topk(lp_p, ids_p, budget, use_triton=False)
+    for name in ("tokens", "parents", "depths", "visibility", "num_nodes", "scores"):
+        assert torch.equal(getattr(tt, name), getattr(tp, name)), name
+    vt = dt.verify_inputs(tp, roots, prefix, mask_numel=mask_numel, use_triton=True)
+    vp = dt.verify_inputs(tp, roots, prefix, mask_numel=mask_numel, use_triton=False)
+    for name in (
+        "input_ids",
+        "positions",
+        "tree_mask",
+        "mask_indptr",
+        "retrieve_index",
+        "retrieve_next_token",
+        "retrieve_next_sibling",
+    ):
+        assert torch.equal(getattr(vt, name), getattr(vp, name)), name
+    wt = dt.verify_walk(tp, target, use_triton=True)
+    wp = dt.verify_walk(tp, target, use_triton=False)
+    for name in ("accepted", "accept_len", "bonus"):
+        assert torch.equal(getattr(wt, name), getattr(wp, name)), name
+
+
+def following_targets(tree: dt.DraftTree, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """Targets that agree with the best child of each node (long accepted paths)."""
+    b, n = tree.parents.shape
+    target = torch.randint(0, vocab, (b, n), generator=gen, device="cpu").to(tree.tokens.device)
+    first_child = dt.verify_inputs(
+        tree,
+        torch.zeros(b, dtype=torch.int64, device=tree.tokens.device),
+        torch.zeros(b, dtype=torch.int64, device=tree.tokens.device),
+    ).retrieve_next_token
+    drafted = torch.cat([torch.zeros_like(tree.tokens[:, :1]), tree.tokens], 1)
+    follow = drafted.gather(1, first_child.clamp_min(0))
+    return torch.where(first_child >= 0, follow, target)
+
+
+# -------------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--budgets", default="16,32,64,128,256")
+    ap.add_argument("--positions", type=int, default=15)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--prefix", type=int, default=1024, help="tokens already in the KV cache")
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--ref-iters", type=int, default=5)
+    ap.add_argument("--no-triton", action="store_true")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--breakdown", action="store_true", help="time each stage alone (graph)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    triton_ok = not args.no_triton and dt._triton_importable()
+    rows = []
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton={triton_ok}")
+    if args.breakdown:
+        return breakdown(args, dev, gen, triton_ok)
+    for b in [int(x) for x in args.batches.split(",")]:
+        for budget in [int(x) for x in args.budgets.split(",")]:
+            shape = (b, args.positions, args.vocab)
+            logits = (torch.randn(shape, generator=gen) * 2.0).to(dev, torch.bfloat16)
+            roots = torch.randint(0, args.vocab, (b,), generator=gen).to(dev)
+            prefix = torch.full((b,), args.prefix, dtype=torch.int64, device=dev)
+            n = budget + 1
+            mask_numel = b * n * (args.prefix + n)
+            tree = dt.build_tree(logits, budget, use_triton=False)
+            target = following_targets(tree, args.vocab, gen)
+            ref = reference_round(logits, budget, roots, prefix, target)
+            check_against_reference(tree, ref)
+            torch_round = make_round(logits, budget, roots, prefix, target, mask_numel, False)
+            row = {"batch": b, "budget": budget}
+            if triton_ok:
+                triton_round = make_round(logits, budget, roots, prefix, target, mask_numel, True)
+                try:
+                    check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel)
+                    check_against_reference(triton_round()[0], ref)
+                    row["triton_checked"] = True
+                except AssertionError as exc:
+                    row["triton_checked"] = f"MISMATCH: {exc}"
+            row["reference_us"] = time_reference(
+                logits, budget, roots, prefix, target, args.ref_iters
+            )
+            timings = [("torch_eager_us", time_eager, torch_round, args.iters // 2)]
+            timings.append(("torch_graph_us", time_graph, torch_round, args.iters))
+            if triton_ok:
+                timings.append(("triton_eager_us", time_eager, triton_round, args.iters // 2))
+                timings.append(("triton_graph_us", time_graph, triton_round, args.iters))
+            for key, timer, fn, iters in timings:
+                try:
+                    row[key] = timer(fn, iters)
+                except Exception as exc:  # one failing mode must not lose the others
+                    row[key.replace("_us", "_error")] = repr(exc)[:300]
+            target_us = TARGETS_US.get((b, budget))
+            best = row.get("triton_graph_us", row.get("torch_graph_us", float("inf")))
+            row["target_us"] = target_us
+            row["target_met"] = None if target_us is None else best <= target_us
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.json:
+        meta = {
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "triton": triton_ok,
+            "positions": args.positions,
+            "vocab": args.vocab,
+            "prefix": args.prefix,
+        }
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print_table(rows)
+    return 0
+
+
+def breakdown(args, dev, gen, triton_ok: bool) -> int:
+    """Graph-replay time of each stage of the round on its own."""
+    modes = [False, True] if triton_ok else [False]
+    for b in [int(x) for x in args.batches.split(",")]:
+        for budget in [int(x) for x in args.budgets.split(",")]:
+            shape = (b, args.positions, args.vocab)
+            logits = (torch.randn(shape, generator=gen) * 2.0).to(dev, torch.bfloat16)
+            roots = torch.randint(0, args.vocab, (b,), generator=gen).to(dev)
+            prefix = torch.full((b,), args.prefix, dtype=torch.int64, device=dev)
+            n = budget + 1
+            numel = b * n * (args.prefix + n)
+            lp, ids = dt.topk_logprobs(logits, budget)
+            tree = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
+            target = following_targets(tree, args.vocab, gen)
+            for tri in modes:
+                if tri:
+                    topk = lambda: dt._triton_topk_logprobs(logits, budget)  # noqa: E731
+                else:
+                    topk = lambda: dt.topk_logprobs(logits, budget)  # noqa: E731
+                stages = {
+                    "topk_lse": topk,
+                    "tree": lambda tri=tri: dt.build_tree_from_topk(
+                        lp, ids, budget, use_triton=tri
+                    ),
+                    "verify_inputs": lambda tri=tri: dt.verify_inputs(
+                        tree, roots, prefix, mask_numel=numel, use_triton=tri
+                    ),
+                    "walk": lambda tri=tri: dt.verify_walk(tree, target, use_triton=tri),
+                }
+                out = {k: round(time_graph(fn, args.iters), 1) for k, fn in stages.items()}
+                name = "triton" if tri else "torch"
+                print(json.dumps({"batch": b, "budget": budget, "path": name, **out}), flush=True)
+    return 0
+
+
+def print_table(rows) -> None:
+    cols = [
+        "reference_us",
+        "torch_eager_us",
+        "torch_graph_us",
+        "triton_eager_us",
+        "triton_graph_us",
+    ]
+    cols = [c for c in cols if any(c in r for r in rows)]
+    print("| batch | budget | " + " | ".join(c.removesuffix("_us") + " (µs)" for c in cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    for r in rows:
+        cells = [f"{r[c]:.0f}" if c in r else "-" for c in cols]
+        print(f"| {r['batch']} | {r['budget']} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
