@@ -99,6 +99,8 @@ class _Conn(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.used = False  # has served a request before (a keep-alive reuse)
+        self.got_bytes = False
         self._waiter: asyncio.Future | None = None
         self._reset(None)
 
@@ -134,6 +136,7 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
+        self.got_bytes = True
         if not self._in_body:
             self._head += data
             end = self._head.find(_HEAD_END)
@@ -258,6 +261,7 @@ class _Conn(asyncio.Protocol):
     async def exchange(self, request: bytes, sink: _Sink | None) -> tuple[int, bytes]:
         loop = asyncio.get_running_loop()
         self._reset(sink)
+        self.got_bytes = False
         self._waiter = loop.create_future()
         assert self.transport is not None
         self.transport.write(request)
@@ -310,6 +314,7 @@ class Endpoint:
         return await self._connect()
 
     def _release(self, conn: _Conn) -> None:
+        conn.used = True
         if not conn.closed:
             self._idle.append(conn)
 
@@ -373,7 +378,16 @@ class Endpoint:
         try:
             conn = await self._acquire()
             result.start = time.perf_counter()
-            status, raw = await asyncio.wait_for(conn.exchange(request, sink), timeout)
+            try:
+                status, raw = await asyncio.wait_for(conn.exchange(request, sink), timeout)
+            except HttpError:
+                if not conn.used or conn.got_bytes:
+                    raise
+                # The server closed an idle keep-alive connection just as we reused it:
+                # nothing was answered, so sending again on a new connection is safe.
+                conn = await self._connect()
+                result.start = time.perf_counter()
+                status, raw = await asyncio.wait_for(conn.exchange(request, sink), timeout)
         except asyncio.TimeoutError:
             result.error = f"timeout after {timeout:g} s"
         except HttpError as exc:

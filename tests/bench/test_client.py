@@ -141,3 +141,17 @@ def test_error_event_in_the_stream_is_reported():
     events = [b'data: {"error": {"message": "boom", "code": 400}}', b"data: [DONE]"]
     _, sink = _feed_bytewise(_sse_response(events))
     assert sink.error == "boom"
+
+
+def test_an_idle_connection_the_server_closed_is_not_reused():
+    async def go(ep, emitter):
+        body = {"text": "x", "sampling_params": {"max_new_tokens": 4}}
+        assert (await ep.stream_generate(body, timeout=5)).ok
+        # The server drops its idle connections (a keep-alive timeout).
+        for writer in list(emitter._writers):
+            writer.transport.abort()
+        await asyncio.sleep(0.05)
+        assert ep._idle and ep._idle[0].closed
+        return await ep.stream_generate(body, timeout=5)
+
+    assert _run(_with_emitter(EmitterConfig(), go)).ok
