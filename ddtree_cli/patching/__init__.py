@@ -1,0 +1,1 @@
+"""Add DDTREE to an SGLang source snapshot: detect, check, apply, revert, export, fetch."""

@@ -1,0 +1,424 @@
+"""Check, apply and revert a patch series on a snapshot, atomically.
+
+Apply computes every new file in memory, compiles it, saves the originals to the state
+folder ``<root>/.ddtree/`` and only then renames staged files into place with SIGINT
+blocked; any failure rolls every renamed file back. Revert restores the saved originals
+byte for byte and removes the state folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from ddtree_cli.errors import DdtreeError, ExitCode
+from ddtree_cli.patching import unidiff
+from ddtree_cli.patching.series import (
+    VENDORED_TREE_PATH,
+    Series,
+    load,
+    nearest,
+    sha256,
+    supported_versions,
+    vendored_tree_source,
+)
+from ddtree_cli.patching.snapshot import Snapshot
+
+STATE_MANIFEST = "manifest.json"
+
+
+class State(str, Enum):
+    APPLIED = "applied"
+    PRISTINE = "pristine"
+    DRIFTED = "drifted"
+
+
+@dataclass
+class FileState:
+    path: str
+    state: State
+    detail: str = ""
+
+
+@dataclass
+class CheckResult:
+    snapshot: Snapshot
+    series_version: str
+    state: State
+    files: list[FileState]
+
+
+@dataclass
+class FileChange:
+    path: str
+    before: bytes | None  # None: the file is created
+    after: bytes
+
+    def diff(self) -> str:
+        before = None if self.before is None else self.before.decode("utf-8")
+        return unidiff.make(self.path, before, self.after.decode("utf-8"))
+
+
+@dataclass
+class ApplyResult:
+    snapshot: Snapshot
+    series_version: str
+    changed: list[str] = field(default_factory=list)
+    already_applied: bool = False
+    forced: bool = False
+    compiled: list[str] = field(default_factory=list)
+
+
+def _series_for(snapshot: Snapshot, force: bool) -> tuple[Series, bool]:
+    if snapshot.version in supported_versions():
+        return load(snapshot.version), False
+    if not force:
+        raise DdtreeError(
+            f"SGLang {snapshot.version} is not supported "
+            f"(supported: {', '.join(supported_versions())})",
+            hint="--force tries the nearest series by anchor matching",
+        )
+    return nearest(snapshot.version, snapshot.layout.value), True
+
+
+def _read(snapshot: Snapshot, rel: str) -> bytes | None:
+    path = snapshot.root / rel
+    return path.read_bytes() if path.is_file() else None
+
+
+def _patched(series: Series, rel: str, text: bytes, fuzzy: bool) -> bytes:
+    return unidiff.apply(text.decode("utf-8"), series.diffs[rel], fuzzy=fuzzy).encode("utf-8")
+
+
+def _new_content(series: Series, rel: str) -> bytes:
+    if rel == VENDORED_TREE_PATH:
+        return vendored_tree_source()
+    return unidiff.apply("", series.diffs[rel]).encode("utf-8")
+
+
+def _manifest(snapshot: Snapshot) -> dict | None:
+    path = snapshot.state_dir / STATE_MANIFEST
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _file_state(series: Series, snapshot: Snapshot, rel: str, manifest: dict | None) -> FileState:
+    current = _read(snapshot, rel)
+    if manifest is not None and rel in manifest["files"]:
+        entry = manifest["files"][rel]
+        if current is not None and sha256(current) == entry["after"]:
+            return FileState(rel, State.APPLIED)
+        return FileState(rel, State.DRIFTED, "changed since ddtree patched it")
+    if rel in series.pristine:
+        if current is None:
+            return FileState(rel, State.DRIFTED, "missing")
+        if sha256(current) == series.pristine[rel]:
+            return FileState(rel, State.PRISTINE)
+        # Patched by other means (e.g. `git apply` of an export)? Undo in memory and compare.
+        try:
+            undone = unidiff.apply(current.decode("utf-8"), unidiff.reverse(series.diffs[rel]))
+        except (unidiff.DiffError, UnicodeDecodeError):
+            return FileState(rel, State.DRIFTED, "differs from the release")
+        if sha256(undone.encode("utf-8")) == series.pristine[rel]:
+            return FileState(rel, State.APPLIED)
+        return FileState(rel, State.DRIFTED, "differs from the release")
+    if current is None:
+        return FileState(rel, State.PRISTINE)
+    if current == _new_content(series, rel):
+        return FileState(rel, State.APPLIED)
+    return FileState(rel, State.DRIFTED, "exists with other content")
+
+
+def _overall(files: list[FileState]) -> State:
+    states = {f.state for f in files}
+    if states == {State.APPLIED}:
+        return State.APPLIED
+    if states == {State.PRISTINE}:
+        return State.PRISTINE
+    return State.DRIFTED
+
+
+def check(snapshot: Snapshot, *, force: bool = False) -> CheckResult:
+    series, _ = _series_for(snapshot, force)
+    manifest = _manifest(snapshot)
+    files = [_file_state(series, snapshot, rel, manifest) for rel in series.touched]
+    return CheckResult(snapshot, series.version, _overall(files), files)
+
+
+def plan(snapshot: Snapshot, *, force: bool = False) -> tuple[Series, list[FileChange], bool]:
+    """Every change apply would make, computed in memory. Empty when already applied."""
+    series, forced = _series_for(snapshot, force)
+    result = check(snapshot, force=force)
+    if result.state is State.APPLIED:
+        return series, [], forced
+    if result.state is State.DRIFTED and not force:
+        if _manifest(snapshot) is not None:
+            raise DdtreeError(
+                f"{snapshot.root} was patched and then changed: "
+                + _drift_summary(result.files),
+                hint="run `ddtree patch --revert --force` to restore the originals",
+            )
+        raise DdtreeError(
+            f"{snapshot.root} does not match SGLang {series.version} as released: "
+            + _drift_summary(result.files),
+            hint="start from an unmodified snapshot, or --force to match hunks by their context",
+        )
+    if result.state is State.DRIFTED and _manifest(snapshot) is not None:
+        raise DdtreeError(
+            f"{snapshot.root} carries an earlier, changed ddtree patch",
+            hint="run `ddtree patch --revert --force` first",
+        )
+    fuzzy = forced or result.state is State.DRIFTED
+    changes: list[FileChange] = []
+    for rel in series.touched:
+        before = _read(snapshot, rel)
+        if rel in series.pristine:
+            if before is None:
+                raise DdtreeError(f"{rel} is missing from {snapshot.root}")
+            try:
+                after = _patched(series, rel, before, fuzzy)
+            except unidiff.DiffError as exc:
+                raise DdtreeError(f"cannot patch {snapshot.version}: {exc}") from None
+        else:
+            if before is not None and not force:
+                raise DdtreeError(f"{rel} already exists in {snapshot.root}")
+            after = _new_content(series, rel)
+        if before != after:
+            changes.append(FileChange(rel, before, after))
+    return series, changes, forced
+
+
+def _drift_summary(files: list[FileState]) -> str:
+    drifted = [f"{f.path} ({f.detail})" for f in files if f.state is State.DRIFTED]
+    if drifted:
+        return ", ".join(drifted[:3]) + (f" and {len(drifted) - 3} more" if len(drifted) > 3 else "")
+    return "partly patched"
+
+
+def _compile(rel: str, data: bytes) -> None:
+    if not rel.endswith(".py"):
+        return
+    try:
+        compile(data, rel, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise DdtreeError(f"patched {rel} does not compile: {exc.msg} (line {exc.lineno})") from None
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while files are renamed, so Ctrl-C cannot split the commit."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _stage(path: Path, data: bytes, mode_from: Path | None) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".ddtree-tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        mode = mode_from.stat().st_mode & 0o7777 if mode_from and mode_from.exists() else 0o644
+        os.chmod(tmp, mode)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return Path(tmp)
+
+
+def commit_files(root: Path, writes: dict[str, bytes | None], originals: dict[str, bytes | None]) -> None:
+    """Write (bytes) or delete (None) every path under ``root``, all or nothing.
+
+    ``originals`` holds each path's current content (None: absent) for the rollback.
+    """
+    staged: dict[str, Path] = {}
+    done: list[str] = []
+    try:
+        for rel, data in writes.items():
+            if data is not None:
+                target = root / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                staged[rel] = _stage(target, data, target)
+        with _sigint_deferred():
+            try:
+                for rel, data in writes.items():
+                    target = root / rel
+                    if data is None:
+                        if target.exists():
+                            target.unlink()
+                    else:
+                        os.replace(staged[rel], target)
+                        del staged[rel]
+                    done.append(rel)
+            except BaseException:
+                _rollback(root, done, originals)
+                raise
+    finally:
+        for tmp in staged.values():
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _rollback(root: Path, done: list[str], originals: dict[str, bytes | None]) -> None:
+    for rel in reversed(done):
+        target = root / rel
+        original = originals[rel]
+        with contextlib.suppress(OSError):
+            if original is None:
+                target.unlink(missing_ok=True)
+            else:
+                os.replace(_stage(target, original, target), target)
+
+
+def _write_state(snapshot: Snapshot, series: Series, changes: list[FileChange], forced: bool) -> Path:
+    """Write the state folder under a temporary name; the caller renames it into place."""
+    tmp = Path(tempfile.mkdtemp(prefix=".ddtree-state-", dir=snapshot.root))
+    originals = tmp / "originals"
+    manifest = {
+        "sglang_version": snapshot.version,
+        "series": series.version,
+        "forced": forced,
+        "files": {},
+    }
+    for change in changes:
+        if change.before is not None:
+            dest = originals / change.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(change.before)
+        manifest["files"][change.path] = {
+            "before": None if change.before is None else sha256(change.before),
+            "after": sha256(change.after),
+        }
+    (tmp / STATE_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return tmp
+
+
+def apply(snapshot: Snapshot, *, force: bool = False) -> ApplyResult:
+    series, changes, forced = plan(snapshot, force=force)
+    result = ApplyResult(snapshot, series.version, forced=forced)
+    if not changes:
+        result.already_applied = True
+        return result
+    for change in changes:
+        _compile(change.path, change.after)
+    if snapshot.state_dir.exists():
+        raise DdtreeError(
+            f"{snapshot.state_dir} exists but the snapshot is not fully patched",
+            hint="run `ddtree patch --revert --force` to restore the originals first",
+        )
+    state_tmp = _write_state(snapshot, series, changes, forced)
+    writes: dict[str, bytes | None] = {c.path: c.after for c in changes}
+    originals = {c.path: c.before for c in changes}
+    try:
+        commit_files(snapshot.root, writes, originals)
+        try:
+            os.replace(state_tmp, snapshot.state_dir)
+        except BaseException:
+            _rollback(snapshot.root, list(writes), originals)
+            raise
+    finally:
+        if state_tmp.exists():
+            shutil.rmtree(state_tmp, ignore_errors=True)
+    # Compile what is now on disk, so a write that went wrong is caught, not shipped.
+    for change in changes:
+        _compile(change.path, (snapshot.root / change.path).read_bytes())
+    result.changed = [c.path for c in changes]
+    result.compiled = [c.path for c in changes if c.path.endswith(".py")]
+    return result
+
+
+@dataclass
+class RevertResult:
+    snapshot: Snapshot
+    restored: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    nothing_to_do: bool = False
+
+
+def revert(snapshot: Snapshot, *, force: bool = False) -> RevertResult:
+    manifest = _manifest(snapshot)
+    result = RevertResult(snapshot)
+    if manifest is None:
+        result.nothing_to_do = True
+        return result
+    originals_dir = snapshot.state_dir / "originals"
+    writes: dict[str, bytes | None] = {}
+    current: dict[str, bytes | None] = {}
+    changed_since: list[str] = []
+    for rel, entry in manifest["files"].items():
+        now = _read(snapshot, rel)
+        current[rel] = now
+        if now is None or sha256(now) != entry["after"]:
+            changed_since.append(rel)
+        if entry["before"] is None:
+            writes[rel] = None
+            result.removed.append(rel)
+        else:
+            original = (originals_dir / rel).read_bytes()
+            if sha256(original) != entry["before"]:
+                raise DdtreeError(f"saved original of {rel} is damaged; cannot revert")
+            writes[rel] = original
+            result.restored.append(rel)
+    if changed_since and not force:
+        raise DdtreeError(
+            f"files changed after patching: {', '.join(changed_since[:3])}",
+            hint="--revert --force restores the originals anyway (those edits are lost)",
+        )
+    commit_files(snapshot.root, writes, current)
+    shutil.rmtree(snapshot.state_dir)
+    return result
+
+
+def export_patch(snapshot: Snapshot | None, version: str | None, *, force: bool = False) -> str:
+    """One ``git apply``-able patch: the series' diff plus the vendored algorithm module.
+
+    With a snapshot, paths carry its prefix (``python/`` in a git checkout) so the patch
+    applies from the checkout root.
+    """
+    if snapshot is not None:
+        series, _ = _series_for(snapshot, force)
+        prefix = snapshot.export_prefix
+    else:
+        series = load(version or "")
+        prefix = ""
+    text = series.diff_text
+    if not text.endswith("\n"):
+        text += "\n"
+    text += unidiff.make(VENDORED_TREE_PATH, None, vendored_tree_source().decode("utf-8"))
+    if prefix:
+        text = _prefix_paths(text, prefix)
+    return text
+
+
+def _prefix_paths(text: str, prefix: str) -> str:
+    out = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("diff --git a/"):
+            a, b = line[len("diff --git ") :].rstrip("\n").split(" ", 1)
+            line = f"diff --git a/{prefix}{a[2:]} b/{prefix}{b[2:]}\n"
+        elif line.startswith("--- a/"):
+            line = f"--- a/{prefix}{line[6:]}"
+        elif line.startswith("+++ b/"):
+            line = f"+++ b/{prefix}{line[6:]}"
+        out.append(line)
+    return "".join(out)
+
+
+CHECK_EXIT = {State.APPLIED: ExitCode.OK, State.PRISTINE: ExitCode.CHECK_FAILED, State.DRIFTED: ExitCode.CHECK_FAILED}

@@ -1,0 +1,267 @@
+"""Operational rules, the per-host report and the cross-host difference table.
+
+Unit/port/process facts here have the shape our collector produces on a real host (the
+nspawn tests collect them for real); GPU/package facts come from the captured fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ddtree_cli import doctor
+from ddtree_cli.doctor import DoctorOptions, HostFacts
+from ddtree_cli.errors import RemoteError
+from ddtree_cli.verdict import Status
+
+
+def unit_facts(active, sub, journal=(), result="success", status="0", pid="0"):
+    return {
+        "systemd": {
+            "present": True,
+            "unit": "sglang",
+            "error": None,
+            "journal": list(journal),
+            "properties": {
+                "LoadState": "loaded",
+                "ActiveState": active,
+                "SubState": sub,
+                "Result": result,
+                "ExecMainStatus": status,
+                "ExecMainPID": pid,
+                "NRestarts": "2",
+            },
+        }
+    }
+
+
+def test_running_unit_passes():
+    verdict = doctor.check_unit(unit_facts("active", "running", ["Uvicorn running"]), "sglang")
+    assert verdict.status is Status.PASS
+    assert verdict.detail == "sglang active (running), 2 restart(s)"
+
+
+def test_running_unit_that_fell_back_to_cpu_fails():
+    journal = [
+        "Warning: No accelerator (CUDA, XPU, HPU) is available. - Falling back to CPU",
+        "Auto-configed device: cpu",
+        "Uvicorn running",
+    ]  # sglang#11395
+    verdict = doctor.check_unit(unit_facts("active", "running", journal), "sglang")
+    assert verdict.status is Status.FAIL
+    assert "Auto-configed device: cpu" in verdict.detail
+
+
+def test_crash_looping_unit_fails_with_its_last_lines():
+    journal = [f"line {i}" for i in range(30)]
+    verdict = doctor.check_unit(
+        unit_facts("activating", "auto-restart", journal, "exit-code", "1"), "sglang"
+    )
+    assert verdict.status is Status.FAIL
+    assert "line 29" in verdict.detail and "line 21" not in verdict.detail
+    assert "exit status 1" in verdict.detail
+
+
+def test_stopped_unit_warns_and_missing_unit_fails():
+    verdict = doctor.check_unit(unit_facts("inactive", "dead"), "sglang")
+    assert verdict.status is Status.WARN
+    assert verdict.fix == "systemctl start sglang.service"
+    facts = unit_facts("inactive", "dead")
+    facts["systemd"]["properties"]["LoadState"] = "not-found"
+    assert doctor.check_unit(facts, "sglang").status is Status.FAIL
+
+
+def test_port_owned_by_the_unit_passes_and_by_someone_else_fails():
+    facts = unit_facts("active", "running", pid="4242")
+    facts["ports"] = [
+        {
+            "port": 30000,
+            "listening": True,
+            "pids": [4242],
+            "processes": ["python -m sglang.launch_server"],
+            "cgroups": ["0::/system.slice/sglang.service"],
+        }
+    ]
+    assert doctor.check_ports(facts, "sglang")[0].status is Status.PASS
+    facts["ports"][0].update(
+        pids=[99], processes=["python -m http.server"], cgroups=["0::/user.slice"]
+    )
+    verdict = doctor.check_ports(facts, "sglang")[0]
+    assert verdict.status is Status.FAIL
+    assert verdict.fix == "stop it (kill 99) or serve on another --port"
+    # Without --unit we cannot tell whose server it is: a warning with the owner.
+    assert doctor.check_ports(facts, None)[0].status is Status.WARN
+
+
+def test_leftover_scheduler_reports_the_gpu_memory_it_holds(h200):
+    h200["processes"] = [
+        {
+            "pid": 7,
+            "name": "sglang::scheduler_TP0",
+            "cmdline": "sglang::scheduler_TP0",
+            "cgroup": "0::/user.slice/user-0.slice/session-3.scope",
+        },
+        {
+            "pid": 8,
+            "name": "sglang::detokenizer",
+            "cmdline": "sglang::detokenizer",
+            "cgroup": "0::/system.slice/sglang.service",
+        },
+    ]
+    h200["nvidia_smi"]["compute_apps"] = [
+        {
+            "pid": 7,
+            "process_name": "sglang::scheduler_TP0",
+            "gpu_uuid": None,
+            "used_memory_mib": 101376,
+        }
+    ]
+    verdict = doctor.check_leftover_processes(h200, "sglang")
+    assert verdict.status is Status.FAIL
+    assert "pid 7 sglang::scheduler_TP0" in verdict.detail
+    assert "holding 101376 MiB of GPU memory" in verdict.detail
+    assert "pid 8" not in verdict.detail  # inside the unit: not a leftover
+    assert verdict.fix.startswith("kill 7 ")
+
+
+def test_disk_thresholds():
+    gib = 1024**3
+    facts = {
+        "disk": [
+            {"path": "/", "free_bytes": 500 * gib, "total_bytes": 900 * gib},
+            {"path": "/opt/ddtree", "free_bytes": 4 * gib, "total_bytes": 50 * gib},
+        ]
+    }
+    verdict = doctor.check_disk(facts)
+    assert verdict.status is Status.FAIL
+    assert "4.0 GiB free at /opt/ddtree" in verdict.detail
+    facts["disk"][1]["free_bytes"] = 20 * gib
+    assert doctor.check_disk(facts).status is Status.WARN
+
+
+def test_health_verdicts():
+    ok = {"url": "http://h:30000/health", "status": 200, "error": None}
+    assert doctor.check_health(ok, "here").status is Status.PASS
+    assert doctor.check_health(dict(ok, status=503), "here").status is Status.WARN
+    refused = dict(ok, status=None, error="[Errno 111] Connection refused")
+    assert doctor.check_health(refused, "here").status is Status.FAIL
+
+
+def test_h200_and_a40_differ_in_everything_an_ab_depends_on(h200, a40):
+    diffs = doctor.differences({"h200": h200, "a40": a40})
+    keys = [row["key"] for row in diffs]
+    for key in (
+        "gpu",
+        "compute capability",
+        "driver",
+        "python",
+        "torch",
+        "torch CUDA",
+        "nvcc",
+        "sglang",
+        "flashinfer-python",
+    ):
+        assert key in keys
+    gpu = next(row for row in diffs if row["key"] == "gpu")
+    assert gpu["values"] == {"h200": "1× NVIDIA H200", "a40": "1× NVIDIA A40"}
+    verdict = doctor.check_fairness(diffs, ["h200", "a40"])
+    assert verdict.status is Status.WARN
+    assert "measures the hosts, not the algorithm" in verdict.detail
+
+
+def test_identical_hosts_have_no_differences(h200):
+    assert doctor.differences({"a": h200, "b": json.loads(json.dumps(h200))}) == []
+    assert doctor.check_fairness([], ["a", "b"]).status is Status.PASS
+
+
+def test_report_json_has_the_documented_shape(h200, a40):
+    results = [
+        HostFacts("h200", h200),
+        HostFacts("a40", a40),
+        HostFacts("gone", None, RemoteError("cannot reach gone: timed out")),
+    ]
+    report = doctor.build_report(results, DoctorOptions())
+    data = report.to_json()
+    assert data["ok"] is False
+    assert set(data) >= {"ok", "checks", "differences"}
+    for check in data["checks"]:
+        assert set(check) == {"host", "id", "status", "detail", "fix"}
+        assert check["status"] in ("pass", "warn", "fail", "skip")
+    gone = [c for c in data["checks"] if c["host"] == "gone"]
+    assert gone == [
+        {
+            "host": "gone",
+            "id": "host.reachable",
+            "status": "fail",
+            "detail": "cannot reach gone: timed out",
+            "fix": "",
+        }
+    ]
+    assert data["checks"][-1]["id"] == "ab.fairness"
+    assert {row["key"] for row in data["differences"]} >= {"gpu", "driver"}
+
+
+def test_fa3_on_an_sm120_gpu_fails_and_on_an_h200_passes(rtx5080, h200):
+    # sglang#8373's RTX 5080 (CC 12.0); FA3 supports SM80-SM90 (see docs/doctor.md).
+    for facts in (rtx5080, h200):
+        facts["systemd"]["server_args"] = {"--attention-backend": "fa3"}
+    verdict = doctor.check_attention_backend(rtx5080)
+    assert verdict.status is Status.FAIL
+    assert verdict.detail == "--attention-backend fa3 supports SM80-SM90 only; this host has sm_120"
+    assert doctor.check_attention_backend(h200).status is Status.PASS
+
+
+def test_trtllm_mla_prefill_on_sm120_fails(rtx5080):
+    rtx5080["systemd"]["server_args"] = {"--prefill-attention-backend": "trtllm_mla"}
+    assert doctor.check_attention_backend(rtx5080).status is Status.FAIL
+
+
+def test_server_args_keep_only_whitelisted_flags():
+    from ddtree_cli.remote.facts import parse_server_args
+
+    exec_start = (
+        "{ path=/opt/v/bin/python ; argv[]=/opt/v/bin/python -m sglang.launch_server "
+        "--model-path /m --api-key s3cret --attention-backend=triton "
+        "--speculative-algorithm DFLASH ; ignore_errors=no ; start_time=[n/a] }"
+    )
+    assert parse_server_args(exec_start) == {
+        "--attention-backend": "triton",
+        "--speculative-algorithm": "DFLASH",
+    }
+
+
+def test_private_devices_fails_and_soft_settings_warn():
+    facts = unit_facts("active", "running")
+    props = facts["systemd"]["properties"]
+    props.update(PrivateDevices="yes")
+    assert doctor.check_unit_settings(facts, "sglang").status is Status.FAIL
+    props.update(
+        PrivateDevices="no", DevicePolicy="closed", KillMode="control-group", LimitNOFILE="524288"
+    )
+    verdict = doctor.check_unit_settings(facts, "sglang")
+    assert verdict.status is Status.WARN
+    assert "char-nvidia-uvm" in verdict.fix
+    props.update(DevicePolicy="auto")
+    assert doctor.check_unit_settings(facts, "sglang").status is Status.PASS
+
+
+def test_persistence_mode_off_warns(h200):
+    h200["nvidia_smi"]["gpus"][0]["persistence_mode"] = "Disabled"
+    verdict = doctor.check_persistence_mode(h200)
+    assert verdict.status is Status.WARN
+    assert "nvidia-persistenced" in verdict.fix
+    h200["nvidia_smi"]["gpus"][0]["persistence_mode"] = "Enabled"
+    assert doctor.check_persistence_mode(h200).status is Status.PASS
+
+
+def test_table_output_shows_the_difference_table(h200, a40, capsys, monkeypatch):
+    from ddtree_cli.commands import doctor as command
+    from ddtree_cli.console import console
+
+    monkeypatch.setattr(console, "width", 200)
+    report = doctor.build_report([HostFacts("h200", h200), HostFacts("a40", a40)], DoctorOptions())
+    command._print_report(report)
+    out = capsys.readouterr().out
+    assert "differences across hosts" in out
+    row = next(line for line in out.splitlines() if line.startswith("│ torch CUDA"))
+    assert "13.0" in row and "12.1" in row
+    assert "ab.fairness" in out

@@ -1,0 +1,1 @@
+from tests.testhosts import testhost, testhost_factory  # noqa: F401  (pytest fixtures)
