@@ -57,10 +57,17 @@ class BenchOptions:
     budget: int | None = None
     block_size: int | None = None
     server_timeout: float = 300.0
+    # One host whose service is switched between the arms (deploy module).
+    host: str | None = None
+    config: Path | None = None
+    identity: str | None = None
+    known_hosts: str | None = None
+    accept_new_host_key: bool = False
+    service_port: int | None = None
 
     @property
     def embedded(self) -> bool:
-        return not self.urls
+        return not self.urls and not self.host
 
 
 class Reporter(Protocol):
@@ -100,6 +107,7 @@ class RunState:
     warnings: list[str] = field(default_factory=list)
     client_load: list[dict[str, Any]] = field(default_factory=list)
     started: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    switcher: Any = None
     _jsonl: Any = None
 
 
@@ -114,6 +122,12 @@ def resolve_arms(opts: BenchOptions) -> list[str]:
     baseline = None if opts.baseline in (None, "", "none") else opts.baseline
     if baseline == opts.algo:
         raise ConfigError(f"--algo and --baseline are both '{opts.algo}'")
+    if opts.host or opts.config:
+        if opts.urls:
+            raise ConfigError("--host switches one service between the arms; drop --url")
+        if not (opts.host and opts.config):
+            raise ConfigError("--host and --config go together (the deploy config to switch)")
+        return [opts.algo] + ([baseline] if baseline else [])
     if opts.embedded:
         for name in filter(None, (opts.algo, baseline)):
             if name not in EMBEDDED_ALGOS:
@@ -164,10 +178,22 @@ def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutc
     arms, prompts = prepare(opts)
     state = RunState(opts, arms, prompts)
     servers: list[ServeProcess] = []
+    switcher = None
+    if opts.host:
+        from ddtree_cli.bench.switching import ServiceSwitcher
+
+        switcher = ServiceSwitcher(
+            opts.config, opts.host, identity=opts.identity, known_hosts=opts.known_hosts,
+            accept_new_host_key=opts.accept_new_host_key, service_port=opts.service_port,
+        )
+        switcher.check_arms(arms)
+    state.switcher = switcher
     log_dir = Path(tempfile.mkdtemp(prefix="ddtree-bench-"))
     error: DdtreeError | None = None
     try:
-        if opts.embedded:
+        if switcher is not None:
+            pass  # URLs come from the deploys, arm by arm, inside the run
+        elif opts.embedded:
             reporter.phase(f"starting ddtree serve for {', '.join(arms)}")
             servers = [
                 ServeProcess(arm, arm, log_dir, _serve_args(opts)) for arm in arms
@@ -231,20 +257,33 @@ def _serve_args(opts: BenchOptions) -> list[str]:
     return args
 
 
+async def _activate(state: RunState, arm: str, endpoints: dict[str, Endpoint],
+                    reporter: Reporter) -> None:
+    """With --host: make ``arm`` the running service (a restart) unless it already is."""
+    switcher = state.switcher
+    if switcher is None or switcher.active == arm:
+        return
+    reporter.phase(f"switching {state.opts.host} to {arm} (deploy, restart, wait healthy)")
+    url = await asyncio.to_thread(switcher.switch, arm)
+    state.urls[arm] = url
+    if arm not in endpoints or endpoints[arm].url != url.rstrip("/"):
+        endpoints[arm] = Endpoint(url)
+
+
 async def _main(state: RunState, servers: list[ServeProcess], reporter: Reporter) -> None:
     opts = state.opts
     endpoints = {arm: Endpoint(url) for arm, url in state.urls.items()}
+    sampling = {"max_new_tokens": opts.max_new_tokens, "temperature": opts.temperature}
     reporter.phase("reading /server_info")
-    for arm, ep in endpoints.items():
-        state.server_info[arm] = await _ready_info(arm, ep, opts.server_timeout)
+    for arm in state.arms:
+        await _activate(state, arm, endpoints, reporter)
+        state.server_info[arm] = await _ready_info(arm, endpoints[arm], opts.server_timeout)
+        await _canary(state, arm, endpoints[arm], sampling)
     _guard_confounds(state)
     ref_ep = Endpoint(opts.reference) if opts.reference else None
     if ref_ep is not None:
         state.server_info["reference"] = await _ready_info("reference", ref_ep, 30.0)
     _create_run_dir(state)
-    sampling = {"max_new_tokens": opts.max_new_tokens, "temperature": opts.temperature}
-    for arm, ep in endpoints.items():
-        await _canary(state, arm, ep, sampling)
     if ref_ep is not None:
         await _reference_pass(state, ref_ep, sampling, reporter)
     alive = {s.arm: s for s in servers}
@@ -254,6 +293,7 @@ async def _main(state: RunState, servers: list[ServeProcess], reporter: Reporter
             order = list(state.arms)
             rng.shuffle(order)
             for arm in order:
+                await _activate(state, arm, endpoints, reporter)
                 spec = PassSpec(
                     arm=arm, concurrency=concurrency, trial=trial, sampling=sampling,
                     request_rate=opts.request_rate, warmup=opts.warmup, timeout=opts.timeout,
@@ -468,7 +508,9 @@ def build_summary(state: RunState) -> dict[str, Any]:
         "finished": datetime.now(timezone.utc).isoformat(),
         "algo": opts.algo,
         "baseline": state.arms[1] if len(state.arms) > 1 else None,
-        "target": "embedded" if opts.embedded else "url",
+        "target": "embedded" if opts.embedded else ("host" if opts.host else "url"),
+        "host": opts.host,
+        "switches": state.switcher.switches if state.switcher is not None else None,
         "urls": state.urls,
         "reference": opts.reference,
         "config": {

@@ -114,7 +114,7 @@ def bench(
         typer.Option(
             "--url",
             help="A running server: NAME=http://HOST:PORT (repeat per arm). "
-            "Without --url, one embedded `ddtree serve` per arm runs on 127.0.0.1.",
+            "Without --url or --host, one embedded `ddtree serve` per arm runs on 127.0.0.1.",
         ),
     ] = None,
     reference: Annotated[
@@ -147,7 +147,10 @@ def bench(
     ] = None,
     allow_mismatch: Annotated[
         bool,
-        typer.Option(help="Run even if the arms' /server_info differ in more than the algorithm."),
+        typer.Option(
+            "--allow-mismatch",
+            help="Run even if the arms' /server_info differ in more than the algorithm.",
+        ),
     ] = False,
     random_input_len: Annotated[int, typer.Option(help="Words per --dataset random prompt.")] = 32,
     model: Annotated[
@@ -160,6 +163,29 @@ def bench(
     server_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for servers to become healthy.")
     ] = 300.0,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            help="[USER@]HOST[:PORT] whose service (--config) is switched between the arms "
+            "through the deploy module: the A/B on identical hardware."
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="With --host: the deploy YAML of that service.")
+    ] = None,
+    identity: Annotated[str | None, typer.Option(help="With --host: SSH private key.")] = None,
+    known_hosts: Annotated[
+        str | None, typer.Option(help="With --host: known_hosts file (default ~/.ssh/known_hosts).")
+    ] = None,
+    accept_new_host_key: Annotated[
+        bool,
+        typer.Option(
+            "--accept-new-host-key", help="With --host: trust an unknown host key on first contact."
+        ),
+    ] = False,
+    port: Annotated[
+        int | None, typer.Option(help="With --host: the service port (default: the config's).")
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """A/B the arm under test (--algo) against a baseline on the same prompts: interleaved
@@ -173,7 +199,8 @@ def bench(
         request_rate=request_rate, trials=trials, warmup=warmup, seed=seed, timeout=timeout,
         max_error_rate=max_error_rate, output=output, allow_mismatch=allow_mismatch,
         random_input_len=random_input_len, model=model, budget=budget, block_size=block_size,
-        server_timeout=server_timeout,
+        server_timeout=server_timeout, host=host, config=config, identity=identity,
+        known_hosts=known_hosts, accept_new_host_key=accept_new_host_key, service_port=port,
     )
     show = not json_out and err_console.is_terminal
     progress = (

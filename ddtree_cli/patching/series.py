@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
@@ -56,7 +56,7 @@ def _version_key(version: str) -> tuple:
     return tuple(parts)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(version: str) -> Series:
     folder = _series_root() / version
     if not (folder / "series.json").is_file():
