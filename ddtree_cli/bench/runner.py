@@ -337,8 +337,19 @@ async def _one_pass(
         )
     reporter.pass_done(result)
     if result.stopped:
-        hint = server.log_hint() if server is not None and server.exit_reason() else None
-        raise DdtreeError(result.stopped, hint=hint)
+        if server is not None:
+            # A killed server closes its sockets a moment before it can be reaped, so the
+            # failed requests may be seen first: give the process a moment to be reaped.
+            for _ in range(20):
+                if server.exit_reason():
+                    break
+                await asyncio.sleep(0.1)
+        if server is not None and server.exit_reason():
+            raise DdtreeError(
+                f"ddtree serve for arm '{spec.arm}' {server.exit_reason()}",
+                hint=server.log_hint(),
+            )
+        raise DdtreeError(result.stopped)
 
 
 async def _ready_info(arm: str, ep: Endpoint, timeout: float) -> dict[str, Any]:
