@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from ddtree_cli import __version__
 from ddtree_cli.bench import analysis, fingerprint, lossless
-from ddtree_cli.bench.client import Endpoint
+from ddtree_cli.bench.client import Endpoint, HttpError
 from ddtree_cli.bench.loadgen import PassResult, PassSpec, run_pass
 from ddtree_cli.bench.monitor import ClientMonitor, summarize_load
 from ddtree_cli.bench.servers import EMBEDDED_ALGOS, ServeProcess, wait_all_ready
@@ -30,6 +30,7 @@ from ddtree_cli.bench.workloads import Prompt, load_workload
 from ddtree_cli.errors import ConfigError, DdtreeError, ExitCode
 
 PROMPTS_PER_SLOT = 5  # the steady-state guard: prompts >= 5 x concurrency
+UNREACHABLE_AFTER_S = 5.0  # no HTTP answer at all for this long: a wrong URL, not a slow start
 
 
 @dataclass
@@ -354,18 +355,25 @@ async def _one_pass(
 
 async def _ready_info(arm: str, ep: Endpoint, timeout: float) -> dict[str, Any]:
     """Wait for /health, then return /server_info (or /get_server_info on older servers)."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    answered = False  # a server that answers (503 while starting) is waited for
     last = ""
     while True:
         try:
             status, body = await ep.get_json("/health", timeout=10.0)
+            answered = True
             if status == 200:
                 break
             last = f"/health answered {status}"
-        except (OSError, asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001
+        except (OSError, asyncio.TimeoutError, HttpError) as exc:
             last = str(exc)
-        if time.monotonic() > deadline:
-            raise DdtreeError(f"arm '{arm}' at {ep.url} is not healthy: {last}")
+        waited = time.monotonic() - start
+        if waited > timeout or (not answered and waited > UNREACHABLE_AFTER_S):
+            raise DdtreeError(
+                f"arm '{arm}' at {ep.url} is not {'healthy' if answered else 'reachable'}: {last}",
+                hint="check the URL and that the server is running"
+                if not answered else "raise --server-timeout if it is still starting",
+            )
         await asyncio.sleep(0.5)
     for path in ("/server_info", "/get_server_info"):
         status, body = await ep.get_json(path)

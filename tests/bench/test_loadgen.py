@@ -87,3 +87,22 @@ def test_prompt_guard_and_arm_resolution():
         prepare(BenchOptions(urls={"ddtree": "http://h:1", "eagle": "http://h:2"}))
     with pytest.raises(ConfigError, match="no algorithm 'eagle'"):
         prepare(BenchOptions(baseline="eagle"))
+
+
+def test_an_unreachable_url_is_a_one_line_error_and_writes_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    res = subprocess.run(
+        [sys.executable, "-m", "ddtree_cli", "bench", "--url", f"ddtree=http://127.0.0.1:{port}",
+         "--baseline", "none", "--output", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 1
+    assert f"arm 'ddtree' at http://127.0.0.1:{port} is not reachable" in res.stderr
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    assert not out.exists()
