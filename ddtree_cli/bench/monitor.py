@@ -75,15 +75,20 @@ def summarize_load(cpu_s: float, wall_s: float, lags_s: list[float]) -> ClientLo
     lags = np.asarray(lags_s or [0.0]) * 1000.0
     p50, p99 = (float(v) for v in np.percentile(lags, [50, 99]))
     worst = float(lags.max())
-    warning = None
-    if cpu >= CPU_WARN:
-        warning = (
-            f"the client used {cpu:.0%} of a core: it may be the bottleneck; "
+    warning = load_warning(cpu, p99)
+    return ClientLoad(cpu, p50, p99, worst, wall_s, warning)
+
+
+def load_warning(cpu_fraction: float, lag_p99_ms: float) -> str | None:
+    """A sentence when the client may have coloured the measurement, else None."""
+    if cpu_fraction >= CPU_WARN:
+        return (
+            f"the client used {cpu_fraction:.0%} of a core: it may be the bottleneck; "
             "lower --concurrency or run the client on another machine"
         )
-    elif p99 >= LAG_WARN_MS:
-        warning = (
-            f"the client's event loop ran up to {p99:.1f} ms late (p99): chunk timings "
+    if lag_p99_ms >= LAG_WARN_MS:
+        return (
+            f"the client's event loop ran up to {lag_p99_ms:.1f} ms late (p99): chunk timings "
             "(TTFT, ITL) are blurred by that much; the machine may be short of CPU"
         )
-    return ClientLoad(cpu, p50, p99, worst, wall_s, warning)
+    return None

@@ -24,7 +24,7 @@ from ddtree_cli import __version__
 from ddtree_cli.bench import analysis, fingerprint, lossless
 from ddtree_cli.bench.client import Endpoint, HttpError
 from ddtree_cli.bench.loadgen import PassResult, PassSpec, run_pass
-from ddtree_cli.bench.monitor import ClientMonitor, summarize_load
+from ddtree_cli.bench.monitor import ClientMonitor, load_warning
 from ddtree_cli.bench.servers import EMBEDDED_ALGOS, ServeProcess, wait_all_ready
 from ddtree_cli.bench.workloads import Prompt, load_workload
 from ddtree_cli.errors import ConfigError, DdtreeError, ExitCode
@@ -224,9 +224,8 @@ def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutc
             s.stop()
         if state.run_dir is not None:
             for s in servers:
-                for path in (s.log_path,):
-                    if path.exists():
-                        shutil.copy(path, state.run_dir / path.name)
+                if s.log_path.exists():
+                    shutil.copy(s.log_path, state.run_dir / s.log_path.name)
         shutil.rmtree(log_dir, ignore_errors=True)
         if state._jsonl is not None:
             state._jsonl.close()
@@ -575,10 +574,9 @@ def _client_warnings(loads: list[dict[str, Any]]) -> list[str]:
     """One warning for the worst pass, not one per pass."""
     if not loads:
         return []
-    worst_cpu = max(x["cpu_fraction"] for x in loads)
-    worst_lag = max(x["loop_lag_ms"]["p99"] for x in loads)
-    secs = [x["wall_s"] for x in loads]
-    warning = summarize_load(worst_cpu * secs[0], secs[0], [worst_lag / 1000.0]).warning
+    warning = load_warning(
+        max(x["cpu_fraction"] for x in loads), max(x["loop_lag_ms"]["p99"] for x in loads)
+    )
     return [warning] if warning else []
 
 

@@ -129,3 +129,4 @@ def test_percentiles_mean_and_noise():
     assert bootstrap_mean_ci([5.0]) is None
     lo, hi = bootstrap_mean_ci([4.0, 6.0, 5.0, 5.0])
     assert 4.0 <= lo <= 5.0 <= hi <= 6.0
+
