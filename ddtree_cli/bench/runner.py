@@ -558,7 +558,7 @@ def build_summary(state: RunState) -> dict[str, Any]:
         },
         "server_info": state.server_info,
         "client": state.client_load,
-        "warnings": state.warnings + _client_warnings(state.client_load),
+        "warnings": _model_warnings(state) + state.warnings + _client_warnings(state.client_load),
         "errors": {
             arm: sum(1 for r in records if r["arm"] == arm and not r["ok"]) for arm in state.arms
         },
@@ -568,6 +568,19 @@ def build_summary(state: RunState) -> dict[str, Any]:
         },
         "run_dir": str(state.run_dir),
     }
+
+
+def _model_warnings(state: RunState) -> list[str]:
+    random_arms = [
+        arm for arm in state.arms
+        if ((state.server_info.get(arm) or {}).get("model") or {}).get("random_init")
+    ]
+    if not random_arms:
+        return []
+    return [
+        f"arm(s) {', '.join(random_arms)} run the embedded engine with fixed-seed RANDOM "
+        "weights: acceptance and speed here say nothing about a trained model pair"
+    ]
 
 
 def _client_warnings(loads: list[dict[str, Any]]) -> list[str]:

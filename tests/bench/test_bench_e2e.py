@@ -44,6 +44,7 @@ def test_full_small_ab_on_the_embedded_engine(tmp_path):
     assert summary["lossless"]["compared"] == 10
     assert summary["lossless"]["mismatches"] == []
     assert summary["confounds"]["differences"] == []
+    assert any("RANDOM weights" in w for w in summary["warnings"])
     lines = (out / "requests.jsonl").read_text().splitlines()
     assert len(lines) == 2 * 2 * 5
     assert {json.loads(x)["arm"] for x in lines} == {"ddtree", "dflash"}
