@@ -106,3 +106,18 @@ def test_an_unreachable_url_is_a_one_line_error_and_writes_nothing(tmp_path):
     assert f"arm 'ddtree' at http://127.0.0.1:{port} is not reachable" in res.stderr
     assert "Traceback" not in res.stderr and res.stdout == ""
     assert not out.exists()
+
+
+def test_url_options_name_their_arms():
+    from ddtree_cli.commands.bench import _parse_concurrency, _parse_urls
+
+    assert _parse_urls(["http://h:1"], "ddtree") == {"ddtree": "http://h:1"}
+    assert _parse_urls(["dflash=http://h:2", "ddtree=https://h:3"], "ddtree") == {
+        "dflash": "http://h:2", "ddtree": "https://h:3"}
+    with pytest.raises(ConfigError, match="twice"):
+        _parse_urls(["a=http://h:1", "a=http://h:2"], "a")
+    with pytest.raises(ConfigError, match="expected NAME=http"):
+        _parse_urls(["ddtree=h:1"], "ddtree")
+    assert _parse_concurrency("1,4,16") == [1, 4, 16]
+    with pytest.raises(ConfigError):
+        _parse_concurrency("1,x")
