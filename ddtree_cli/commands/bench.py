@@ -68,11 +68,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
         table = Table(title=f"concurrency {point['concurrency']}", title_justify="left")
         for col in ("arm", "output tok/s", "95% CI", "req/s", "accept len", "TTFT p50 ms",
                     "TPOT p50 ms", "errors"):
-            table.add_column(col, justify="right" if col != "arm" else "left")
+            table.add_column(col, justify="right" if col != "arm" else "left", no_wrap=True)
         for arm, m in point["arms"].items():
             ci = m.get("output_tok_s_ci95")
             table.add_row(
-                arm, _f(m["output_tok_s"], 1), f"{_f(ci[0], 1)}–{_f(ci[1], 1)}" if ci else "—",
+                arm, _f(m["output_tok_s"], 1), f"{_f(ci[0], 0)}–{_f(ci[1], 0)}" if ci else "—",
                 _f(m["request_s"], 3), _f(m["accept_length"], 2),
                 _f((m["ttft_ms"] or {}).get("p50"), 1), _f((m["tpot_ms"] or {}).get("p50"), 2),
                 f"{m['errors']}/{m['requests']}",
