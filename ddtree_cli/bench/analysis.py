@@ -29,6 +29,7 @@ from ddtree_cli.bench.stats import (
 
 NOISY_REL_MAD = 0.05
 WILCOXON_ALPHA = 0.05
+MIN_PAIRS = 3
 # (metric, better when higher?) compared per prompt.
 PER_PROMPT_METRICS = (
     ("e2e_ms", False),
@@ -150,13 +151,18 @@ def _ratio_entry(
         return {"ratio": None, "ci95": None, "n": 0, "paired_by": paired_by,
                 "verdict": "not measured"}
     ci = bootstrap_ratio_ci(a, b, paired=True, seed=seed)
-    return {
+    entry = {
         "ratio": _round(ci.ratio, 6),
         "ci95": [_round(ci.ci95[0], 6), _round(ci.ci95[1], 6)],
         "n": ci.n,
         "paired_by": paired_by,
         "verdict": verdict(ci, higher_is_better=higher_is_better, better=better, worse=worse),
     }
+    if ci.n < MIN_PAIRS and entry["verdict"] != NO_CLEAR_DIFFERENCE:
+        # Resampling one or two pairs cannot give a 95% interval worth the name.
+        entry["verdict"] = NO_CLEAR_DIFFERENCE
+        entry["note"] = f"fewer than {MIN_PAIRS} pairs ({paired_by}s)"
+    return entry
 
 
 def _pct(values: list[float]) -> dict[str, float]:

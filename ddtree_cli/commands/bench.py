@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -65,9 +66,11 @@ class _RichReporter:
 
 def _print_summary(summary: dict[str, Any]) -> None:
     for point in summary["sweep"]:
-        table = Table(title=f"concurrency {point['concurrency']}", title_justify="left")
-        for col in ("arm", "output tok/s", "95% CI", "req/s", "accept len", "TTFT p50 ms",
-                    "TPOT p50 ms", "errors"):
+        table = Table(
+            title=f"concurrency {point['concurrency']}  (TTFT/TPOT: p50 ms)",
+            title_justify="left", box=box.SIMPLE_HEAD,
+        )
+        for col in ("arm", "tok/s", "95% CI", "req/s", "accept", "TTFT", "TPOT", "errors"):
             table.add_column(col, justify="right" if col != "arm" else "left", no_wrap=True)
         for arm, m in point["arms"].items():
             ci = m.get("output_tok_s_ci95")

@@ -79,3 +79,11 @@ def test_report_renders_verdicts_mismatches_and_confounds():
     assert "Result: **FAIL**" in text
     assert "![throughput.png](throughput.png)" in text
     assert "use `--trials 5` or more" in text
+
+
+def test_two_trials_never_give_a_throughput_verdict():
+    fast = [_pass("x", t, 1.0, 16, 50.0) for t in (1, 2)]
+    slow = [_pass("y", t, 2.0, 16, 50.0) for t in (1, 2)]
+    entry = analysis.compare(fast, slow, name_a="x")["output_tok_s"]
+    assert entry["ratio"] == 2.0 and entry["ci95"] == [2.0, 2.0]
+    assert entry["verdict"] == NO_CLEAR_DIFFERENCE and "fewer than 3" in entry["note"]
