@@ -214,6 +214,17 @@ class _Conn(asyncio.Protocol):
                 self._take(pieces, now, final=True)
                 self._finish()
                 return
+            stop = pos + size
+            # Fast path, SGLang's usual shape: one whole chunk holding exactly one
+            # `data: ...\n\n` event, nothing pending: hand the payload over with one copy.
+            if (
+                stop + 2 <= end and not pieces and not self._sse and self._sse_mode
+                and buf.startswith(b"data: ", pos) and buf.find(b"\n", pos, stop) == stop - 2
+                and buf[stop - 1] == 10
+            ):
+                self._sink.payload(buf[pos + 6 : stop - 2], now)  # type: ignore[union-attr]
+                pos = stop + 2
+                continue
             self._chunk_left = size
         self._raw = buf[pos:] if pos < end else b""
         if pieces:

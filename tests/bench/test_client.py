@@ -77,13 +77,16 @@ class _Transport:
         pass
 
 
-def _sse_response(events: list[bytes], crlf: bool = False) -> bytes:
+def _sse_response(events: list[bytes], crlf: bool = False, per_event: bool = False) -> bytes:
     sep = b"\r\n\r\n" if crlf else b"\n\n"
     body = b"".join(e + sep for e in events)
+    # One chunk per event (as SGLang sends), or odd sizes so that frames and events
+    # straddle chunk boundaries.
+    pieces = [e + sep for e in events] if per_event else [
+        body[i : i + 7] for i in range(0, len(body), 7)
+    ]
     chunks = b""
-    # Odd chunk sizes so frames and events straddle chunk boundaries.
-    for i in range(0, len(body), 7):
-        piece = body[i : i + 7]
+    for piece in pieces:
         chunks += f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
     return (
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -91,7 +94,9 @@ def _sse_response(events: list[bytes], crlf: bool = False) -> bytes:
     )
 
 
-def _feed_bytewise(raw: bytes, incremental: bool = False) -> tuple[StreamResult, _Sink]:
+def _feed_bytewise(
+    raw: bytes, incremental: bool = False, step: int = 1
+) -> tuple[StreamResult, _Sink]:
     async def go():
         conn = _Conn()
         conn.connection_made(_Transport())
@@ -99,8 +104,8 @@ def _feed_bytewise(raw: bytes, incremental: bool = False) -> tuple[StreamResult,
         sink = _Sink(result, incremental)
         task = asyncio.ensure_future(conn.exchange(b"", sink))
         await asyncio.sleep(0)
-        for i in range(len(raw)):
-            conn.data_received(raw[i : i + 1])
+        for i in range(0, len(raw), step):
+            conn.data_received(raw[i : i + step])
         await task
         return result, sink
 
@@ -120,6 +125,16 @@ def test_parser_survives_one_byte_reads_and_crlf_events():
         result, sink = _feed_bytewise(_sse_response(events, crlf))
         assert result.chunk_counts == [1, 3, 4]
         assert json.loads(sink.last)["output_ids"] == [1, 2, 3, 4]
+
+
+def test_whole_responses_in_one_read_take_the_one_event_per_chunk_path():
+    events = [_event([1], 1), _event([1, 2, 3], 3), b"data: a\ndata: b", _event([1, 2], 4),
+              b"data: [DONE]"]
+    raw = _sse_response(events, per_event=True)
+    for step in (len(raw), 50):
+        result, sink = _feed_bytewise(raw, step=step)
+        assert result.chunk_counts == [1, 3, 4]
+        assert json.loads(sink.last)["output_ids"] == [1, 2]
 
 
 def test_completion_tokens_inside_generated_text_is_not_mistaken_for_the_field():
