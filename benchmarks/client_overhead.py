@@ -43,6 +43,7 @@ BENCH_SERVING_DEPS = [
     "pybase64", "pillow", "datasets",
 ]
 WHEEL_CACHE = Path.home() / ".cache" / "ddtree" / "wheels"
+SYS_SHARE: dict[str, list[tuple[float, float]]] = {}  # per client: (user s, sys s) per run
 
 SHIM = r'''
 import runpy, sys, types
@@ -90,7 +91,7 @@ def pinned(core: int):
 
 
 def run_measured(cmd: list[str], core: int, env: dict | None = None) -> tuple[float, float, str]:
-    """Run a client; return (cpu seconds, wall seconds, stdout)."""
+    """Run a client; return (cpu seconds, wall seconds, stdout); CPU = user + sys."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -101,6 +102,7 @@ def run_measured(cmd: list[str], core: int, env: dict | None = None) -> tuple[fl
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"client failed: {' '.join(cmd)}\n{out[-3000:]}")
+    SYS_SHARE.setdefault(cmd[1], []).append((usage.ru_utime, usage.ru_stime))
     return usage.ru_utime + usage.ru_stime, wall, out
 
 
@@ -215,10 +217,14 @@ def main() -> None:
     for name, measured, _ in rows:
         for n, (cpu, wall, tokens) in measured.items():
             print(f"| {name} | {n} | {tokens:,} | {cpu:.2f} | {wall:.2f} |")
-    print("\n| client | marginal CPU per streamed token | streamed tokens/s per core |")
-    print("|---|---|---|")
-    for name, _, per_token in rows:
-        print(f"| {name} | {per_token * 1e6:.2f} µs | {1 / per_token:,.0f} |")
+    print("\n| client | marginal CPU per streamed token | of which kernel (sys) | "
+          "streamed tokens/s per core |")
+    print("|---|---|---|---|")
+    for (name, measured, per_token), runs in zip(rows, SYS_SHARE.values(), strict=True):
+        (_, _, t1), (_, _, t2) = measured[small], measured[large]
+        sys_per_token = (runs[1][1] - runs[0][1]) / (t2 - t1)
+        print(f"| {name} | {per_token * 1e6:.2f} µs | {sys_per_token * 1e6:.2f} µs | "
+              f"{1 / per_token:,.0f} |")
     if len(rows) == 2:
         print(f"\nbench_serving / ddtree bench CPU per token: {rows[1][2] / rows[0][2]:.2f}x")
 
