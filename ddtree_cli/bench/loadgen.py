@@ -22,6 +22,7 @@ from ddtree_cli.bench.metrics import request_record
 from ddtree_cli.bench.workloads import Prompt
 
 MIN_REQUESTS_FOR_STOP = 5
+DEATH_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -72,12 +73,13 @@ async def run_pass(
     spec: PassSpec,
     *,
     on_record: Callable[[dict[str, Any]], None] | None = None,
-    alive: Callable[[], str | None] | None = None,
+    alive: Callable[[float], str | None] | None = None,
     result: PassResult | None = None,
 ) -> PassResult:
     """Run warmup, then every prompt once; records go to ``on_record`` as they finish.
 
-    ``alive`` returns None while the server is fine, or a reason to stop now. Pass your
+    ``alive(grace_s)`` returns None while the server is fine, or a reason to stop now,
+    waiting up to ``grace_s`` seconds for a dying server's exit to show. Pass your
     own ``result`` to keep what was measured when the pass is cancelled half-way.
     """
     if result is None:
@@ -153,15 +155,20 @@ def _measured_wall(records: list[dict[str, Any]], t0: float) -> float:
 
 def _should_stop(
     result: PassResult, total: int, max_error_rate: float,
-    alive: Callable[[], str | None] | None,
+    alive: Callable[[float], str | None] | None,
 ) -> str | None:
     if alive is not None:
-        reason = alive()
+        reason = alive(0.0)
         if reason:
             return reason
     done = len(result.records)
     errors = result.errors
     if done >= min(MIN_REQUESTS_FOR_STOP, total) and errors / done > max_error_rate:
+        # A server that was just killed refuses connections a moment before its exit
+        # status can be read: give it a second, so the cause is named, not the symptom.
+        reason = alive(DEATH_GRACE_S) if alive is not None else None
+        if reason:
+            return reason
         last = next(r["error"] for r in reversed(result.records) if not r["ok"])
         return (
             f"{errors} of {done} requests to arm '{result.arm}' failed "

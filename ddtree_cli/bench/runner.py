@@ -313,10 +313,10 @@ async def _one_pass(
     monitor = ClientMonitor()
     monitor.start()
 
-    def alive() -> str | None:
+    def alive(grace_s: float) -> str | None:
         if server is None:
             return None
-        died = server.exit_reason()
+        died = server.exit_reason(grace_s)
         return f"ddtree serve for arm '{spec.arm}' {died}" if died else None
 
     def on_record(rec: dict[str, Any]) -> None:

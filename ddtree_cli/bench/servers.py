@@ -62,11 +62,14 @@ class ServeProcess:
         self.url = str(info["url"])
         return True
 
-    def exit_reason(self) -> str | None:
-        """None while running, else a sentence about how it ended."""
+    def exit_reason(self, grace_s: float = 0.0) -> str | None:
+        """None while running (after waiting up to ``grace_s``), else how it ended."""
         if self.proc is None:
             return "was never started"
-        code = self.proc.poll()
+        try:
+            code = self.proc.wait(timeout=grace_s) if grace_s > 0 else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            code = None
         if code is None:
             return None
         if code < 0:
