@@ -25,8 +25,8 @@ def serve(
     model: Annotated[
         Path | None,
         typer.Option(
-            help="Model folder (target/, draft/, ddtree-engine.json). "
-            "Default: fixed-seed random weights."
+            help="Model folder (target/, draft/, ddtree-engine.json), or 'random' for the "
+            "fixed-seed random pair. Default: the embedded trained pair."
         ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -40,7 +40,9 @@ def serve(
         int | None,
         typer.Option(help="Prompt + output tokens per request (default: the model's limit)."),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the random weights and of sampling.")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Seed of sampling (and of the weights with --model random).")
+    ] = 0,
     threads: Annotated[int, typer.Option(help="CPU threads for torch (0: torch's default).")] = 1,
     json_out: JsonOpt = False,
 ) -> None:

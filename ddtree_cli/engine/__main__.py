@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--algo", default="ar", choices=["ar", "dflash", "ddtree"])
     p.add_argument("--budget", type=int)
     p.add_argument("--block-size", type=int)
-    p.add_argument("--model", type=Path)
+    p.add_argument("--model", type=Path, help="model folder, or 'random'")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--device", default="cpu")

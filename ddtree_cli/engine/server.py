@@ -24,7 +24,7 @@ from ddtree_cli.engine.decoding import Engine, Sequence, generate
 from ddtree_cli.engine.metrics import render_metrics
 from ddtree_cli.engine.scheduler import Request, Scheduler
 from ddtree_cli.engine.tokenizer import ByteTokenizer
-from ddtree_cli.engine.weights import load_pair, random_pair
+from ddtree_cli.engine.weights import is_random_model, model_label, pair_for
 from ddtree_cli.errors import ConfigError
 
 log = logging.getLogger("ddtree.serve")
@@ -76,7 +76,7 @@ def build_engine(opts: ServeOptions) -> Engine:
         raise ConfigError(f"--device {opts.device}: CUDA is not available here")
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    pair = load_pair(opts.model) if opts.model else random_pair(seed=opts.seed)
+    pair = pair_for(opts.model, opts.seed)
     engine = Engine(
         pair,
         opts.algo,
@@ -155,14 +155,18 @@ class EngineServer:
 
     @property
     def served_model_name(self) -> str:
-        return self.opts.model.name if self.opts.model else "ddtree-embedded-random"
+        return model_label(self.opts.model)
 
     def server_info(self) -> dict[str, Any]:
         engine = self.engine
         spec = self.spec()
         stats = self.scheduler.stats
         info: dict[str, Any] = {
-            "model_path": str(self.opts.model) if self.opts.model else "random-init",
+            "model_path": (
+                str(self.opts.model)
+                if self.opts.model and not is_random_model(self.opts.model)
+                else model_label(self.opts.model)
+            ),
             "tokenizer_path": self.tokenizer.name,
             "served_model_name": self.served_model_name,
             "host": self.opts.host,

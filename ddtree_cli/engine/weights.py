@@ -28,6 +28,11 @@ from ddtree_cli.errors import ConfigError
 
 MANIFEST = "ddtree-engine.json"
 DEFAULT_SEED = 0
+# The trained pair shipped with the package (see docs/training.md); the default model.
+EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
+EMBEDDED_ORIGIN = "embedded trained pair (Python stdlib, byte-level)"
+# ``--model random``: the fixed-seed random pair (losslessness tests, no trained weights).
+RANDOM_MODEL = "random"
 
 
 @dataclass
@@ -199,3 +204,31 @@ def _check_shapes(module: nn.Module, state: dict[str, torch.Tensor], path: Path)
             raise ConfigError(
                 f"{path}: {name} has shape {tuple(state[name].shape)}, the config needs {shape}"
             )
+
+
+def is_random_model(model: str | Path | None) -> bool:
+    return model is not None and str(model) == RANDOM_MODEL
+
+
+def load_embedded_pair() -> ModelPair:
+    """The shipped trained pair, hash-checked like any model folder."""
+    pair = load_pair(EMBEDDED_DIR)
+    pair.origin = EMBEDDED_ORIGIN
+    return pair
+
+
+def pair_for(model: str | Path | None, seed: int = DEFAULT_SEED) -> ModelPair:
+    """``None``: the embedded trained pair; ``"random"``: the seeded random pair; else a folder."""
+    if model is None:
+        return load_embedded_pair()
+    if is_random_model(model):
+        return random_pair(seed=seed)
+    return load_pair(Path(model))
+
+
+def model_label(model: str | Path | None) -> str:
+    if model is None:
+        return "ddtree-embedded-trained"
+    if is_random_model(model):
+        return "ddtree-embedded-random"
+    return Path(model).name

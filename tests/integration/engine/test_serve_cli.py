@@ -51,7 +51,7 @@ def test_serve_runs_until_sigterm_and_exits_zero(module):
     proc, ready = launch("--algo", "ddtree", "--budget", "8", "--block-size", "8", module=module)
     try:
         assert ready["algo"] == "ddtree" and ready["budget"] == 8 and ready["block_size"] == 8
-        assert ready["random_init"] is True
+        assert ready["random_init"] is False  # the default: the embedded trained pair
         assert get(ready["url"], "/health")[0] == 200
         status, body = post(
             ready["url"],
@@ -63,6 +63,16 @@ def test_serve_runs_until_sigterm_and_exits_zero(module):
         code = stop(proc)
     assert code == 0
     assert proc.stdout.read() == ""  # --json: nothing after the one object
+
+
+def test_serve_model_random_is_the_seeded_random_pair():
+    proc, ready = launch("--algo", "dflash", "--model", "random", "--seed", "3")
+    try:
+        assert ready["random_init"] is True and ready["model"] == "random-init (seed 3)"
+        info = get(ready["url"], "/server_info")[1]
+        assert info["served_model_name"] == "ddtree-embedded-random"
+    finally:
+        assert stop(proc) == 0
 
 
 def test_serve_loads_a_model_folder(tmp_path):

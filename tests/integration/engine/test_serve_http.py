@@ -11,10 +11,12 @@ import pytest
 
 from ddtree_cli.engine.server import EngineServer, ServeOptions
 from ddtree_cli.engine.tokenizer import ByteTokenizer
+from ddtree_cli.engine.weights import EMBEDDED_ORIGIN, load_embedded_pair
 from tests.integration.engine.client import get, post, stream
 
 pytestmark = pytest.mark.http
 
+TRAINED_SHA256 = load_embedded_pair().weights_sha256
 PROMPTS = ["Hello", "The quick brown fox", "a", "DDTree verifies a tree in one pass " * 3]
 
 
@@ -234,7 +236,11 @@ def test_server_info_and_metrics(servers):
         assert info["speculative_ddtree_budget"] == 15
         assert info["speculative_num_draft_tokens"] == 16
         assert info["internal_states"][0]["avg_spec_accept_length"] >= 1.0
-        assert info["model"]["random_init"] is True
+        # The default model is the embedded trained pair, identified by its hash.
+        assert info["model"]["random_init"] is False
+        assert info["model"]["origin"] == EMBEDDED_ORIGIN
+        assert info["model"]["weights_sha256"] == TRAINED_SHA256
+        assert info["served_model_name"] == "ddtree-embedded-trained"
         assert len(info["model"]["weights_sha256"]) == 64
         assert info["device"] == "cpu"
     assert get(servers["ar"], "/server_info")[1]["speculative_algorithm"] is None
