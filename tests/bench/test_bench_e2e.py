@@ -44,7 +44,8 @@ def test_full_small_ab_on_the_embedded_engine(tmp_path):
     assert summary["lossless"]["compared"] == 10
     assert summary["lossless"]["mismatches"] == []
     assert summary["confounds"]["differences"] == []
-    assert any("RANDOM weights" in w for w in summary["warnings"])
+    # The default model is the trained pair: nothing to warn about random weights.
+    assert not any("RANDOM weights" in w for w in summary["warnings"])
     lines = (out / "requests.jsonl").read_text().splitlines()
     assert len(lines) == 2 * 2 * 5
     assert {json.loads(x)["arm"] for x in lines} == {"ddtree", "dflash"}
@@ -56,13 +57,13 @@ def test_full_small_ab_on_the_embedded_engine(tmp_path):
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """DDTree with seed-0 weights, DFlash with seed-1 weights (a really different model),
-    and a plain AR server with the seed-0 weights as the reference."""
+    """DDTree with seed-0 random weights, DFlash with seed-1 random weights (a really
+    different model), and a plain AR server with the seed-0 weights as the reference."""
     logs = tmp_path_factory.mktemp("servers")
     procs = [
-        ServeProcess("ddtree", "ddtree", logs, ["--seed", "0"]),
-        ServeProcess("dflash", "dflash", logs, ["--seed", "1"]),
-        ServeProcess("ar", "ar", logs, ["--seed", "0"]),
+        ServeProcess("ddtree", "ddtree", logs, ["--model", "random", "--seed", "0"]),
+        ServeProcess("dflash", "dflash", logs, ["--model", "random", "--seed", "1"]),
+        ServeProcess("ar", "ar", logs, ["--model", "random", "--seed", "0"]),
     ]
     for p in procs:
         p.start()
