@@ -191,8 +191,10 @@ def bench(
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """A/B the arm under test (--algo) against a baseline on the same prompts: interleaved
-    trials, bootstrap confidence intervals, paired tests, and a lossless check."""
+    """A/B the arm under test (--algo) against a baseline on the same prompts.
+
+    Interleaved trials, bootstrap confidence intervals, paired tests and a lossless check.
+    """
     from ddtree_cli.bench.runner import BenchOptions, run_bench
 
     opts = BenchOptions(

@@ -46,8 +46,10 @@ def serve(
     threads: Annotated[int, typer.Option(help="CPU threads for torch (0: torch's default).")] = 1,
     json_out: JsonOpt = False,
 ) -> None:
-    """Serve AR, DFlash or DDTree decoding over SGLang's HTTP API (/generate, /v1/completions,
-    /health, /server_info, /metrics) until interrupted."""
+    """Serve AR, DFlash or DDTree decoding over SGLang's HTTP API until interrupted.
+
+    Endpoints: /generate, /v1/completions, /health, /health_generate, /server_info, /metrics.
+    """
     from ddtree_cli.engine.server import ServeOptions, ready_summary, run_forever
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
