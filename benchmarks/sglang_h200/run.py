@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--block", type=int, help="use draft-b<N> (the random pair's drafts)")
     s.add_argument("--budget", type=int)
     s.add_argument("--wait", type=float, default=540)
-    s.add_argument("--mem-fraction", type=float, default=0.25)
+    s.add_argument("--mem-fraction", type=float, default=0.2)
     s.add_argument("--max-bs", type=int, default=8)
     s.add_argument("extra", nargs="*", help="more launch_server flags, after --")
     s = sub.add_parser("generate")

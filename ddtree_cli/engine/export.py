@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     args = p.parse_args(argv)
     try:
-        pair = load_pair(args.model) if args.model else random_export_pair(args.block_size, args.seed)
+        pair = (
+            load_pair(args.model) if args.model else random_export_pair(args.block_size, args.seed)
+        )
         result = export_pair(pair, args.out, args.dtype)
     except DdtreeError as exc:
         print(f"Error: {exc.message}", file=sys.stderr)

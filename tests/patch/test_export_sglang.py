@@ -77,4 +77,3 @@ def test_draft_tensors_are_exactly_what_dflash_draft_model_declares(probed):
     h = cfg.hidden_size
     assert draft["params"]["fc.weight"] == [h, len(cfg.target_layer_ids) * h]
     assert "layers.0.self_attn.qkv_proj.weight" in draft["params"]
-

@@ -51,7 +51,9 @@ def test_pieces_arrive_one_by_one_and_reassemble(tmp_path):
     names = sorted(p for p in pieces.iterdir() if p.name != "manifest.json")
     assert len(names) >= 3 and all(p.stat().st_size <= 1 << 20 for p in names)
     state = tmp_path / "state"
-    assert run.cmd_receive(_args(state, sources=[str(pieces / "manifest.json"), str(names[0])])) == 0
+    assert (
+        run.cmd_receive(_args(state, sources=[str(pieces / "manifest.json"), str(names[0])])) == 0
+    )
     assert run.unpack(state, state / "bundle") == 2  # not all pieces yet: nothing unpacked
     assert not (state / "bundle").exists()
     for piece in names[1:]:
@@ -77,14 +79,15 @@ def test_a_corrupted_piece_is_refused(tmp_path):
 @pytest.mark.parametrize("block", [None, 33])
 def test_arms_differ_only_in_the_algorithm(tmp_path, block):
     cmds = {
-        arm: run.server_cmd(tmp_path, arm, "random", block, 64 if arm == "ddtree" else None,
-                            30000, 0.25, 8, [])  # fmt: skip
+        arm: run.server_cmd(
+            tmp_path, arm, "random", block, 64 if arm == "ddtree" else None, 30000, 0.25, 8, []
+        )  # fmt: skip
         for arm in ("plain", "dflash", "ddtree")
     }
     plain = cmds["plain"]
     for arm in ("dflash", "ddtree"):
         assert cmds[arm][: len(plain)] == plain
-        extra = cmds[arm][len(plain):]
+        extra = cmds[arm][len(plain) :]
         assert extra[:2] == ["--speculative-algorithm", arm.upper()]
     assert cmds["ddtree"][-2:] == ["--speculative-ddtree-budget", "64"]
     swapped = [("DFLASH" if a == "DDTREE" else a) for a in cmds["ddtree"][:-2]]
