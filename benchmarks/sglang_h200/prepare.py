@@ -176,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trained", type=Path, help="an engine model folder (the trained pair)")
     p.add_argument("--piece-mib", type=int, default=60)
     args = p.parse_args(argv)
+    if not (REPO / "ddtree_cli" / "bench").is_dir():
+        print("warning: this checkout has no ddtree_cli/bench; `run.py bench` needs a bundle "
+              "made from a checkout that has `ddtree bench`", file=sys.stderr)  # fmt: skip
     work = args.out / "work"
     work.mkdir(parents=True, exist_ok=True)
     pins = read_pins()

@@ -40,7 +40,9 @@ ALGORITHMS = {"plain": None, "dflash": "DFLASH", "ddtree": "DDTREE"}
 REFUSALS = {  # flags that must be refused, and the text the refusal must contain
     "page_size_4": (["--page-size", "4"], "DDTREE requires --page-size 1"),
     "fa3": (["--attention-backend", "fa3"], "DDTREE requires --attention-backend triton"),
-    "hybrid": ([], "DDTREE refuses hybrid target models"),
+    # SGLang's own Qwen3-Next check (radix cache + speculative decoding) fires first unless
+    # the radix cache is off; with it off, DDTREE's hybrid gate is what refuses.
+    "hybrid": (["--disable-radix-cache"], "DDTREE refuses hybrid target models"),
 }
 
 
