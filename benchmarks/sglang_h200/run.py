@@ -375,11 +375,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--prompt-len", type=int, default=32)
     s.add_argument("--max-new", type=int, default=64)
     s.add_argument("--output", default="agree.json")
+    # Sized for one 10-minute step per concurrency: 40 prompts (bench wants >= 5 x the
+    # concurrency) x 64 new tokens x 3 trials x 2 arms.
     s = sub.add_parser("bench")
-    s.add_argument("--prompts", type=int, default=100)
+    s.add_argument("--prompts", type=int, default=40)
     s.add_argument("--prompt-len", type=int, default=64)
-    s.add_argument("--max-new", type=int, default=128)
-    s.add_argument("--concurrency", default="1,8")
+    s.add_argument("--max-new", type=int, default=64)
+    s.add_argument("--concurrency", default="1")
     s.add_argument("--trials", type=int, default=3)
     s.add_argument("--output", default="bench")
     s.add_argument("extra", nargs="*", help="more ddtree bench flags, after --")
