@@ -43,7 +43,8 @@ def probed(pristine_root, tmp_path_factory):
         "TRANSFORMERS_OFFLINE": "1",
     }
     proc = subprocess.run(
-        [str(python), str(PROBE), str(pristine_root("0.5.13")), str(result.folder),
+        # -B: the pristine snapshot is shared with other tests and must stay byte-identical.
+        [str(python), "-B", str(PROBE), str(pristine_root("0.5.13")), str(result.folder),
          json.dumps(IDS), str(work / "logits.safetensors")],
         capture_output=True, text=True, env=env, timeout=600, cwd=work,
     )  # fmt: skip
