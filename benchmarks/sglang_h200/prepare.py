@@ -88,6 +88,36 @@ def download_wheels(pins: list[str], folder: Path) -> list[Path]:
     return [w for w in wheels if w is not None]
 
 
+# --smoke: sgl_kernel binaries a triton-backend server on an H100/H200 (sm90) never loads:
+# FA3 (imported only by the fa3 attention backend), FlashMLA (MLA models) and the sm100 build.
+# They are ~90 % of the bundle; leaving them out cuts the pieces from 8 to 3.
+SMOKE_DROP = ("sgl_kernel/flash_ops.abi3.so", "sgl_kernel/flashmla_ops.abi3.so",
+              "sgl_kernel/sm100/common_ops.abi3.so")  # fmt: skip
+SMOKE_SKIP_PINS = ("paramiko", "bcrypt", "cryptography", "pynacl", "invoke")
+
+
+def slim_wheel(wheel: Path, out_dir: Path, drop: tuple[str, ...] = SMOKE_DROP) -> Path:
+    """A copy of ``wheel`` without the ``drop`` members (and their RECORD lines)."""
+    import zipfile
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / wheel.name
+    if out.is_file():
+        return out
+    tmp = out.with_suffix(".partial")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            if info.filename in drop:
+                continue
+            data = src.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                lines = data.decode().splitlines(keepends=True)
+                data = "".join(ln for ln in lines if ln.split(",")[0] not in drop).encode()
+            dst.writestr(info, data)
+    tmp.rename(out)
+    return out
+
+
 def patched_snapshot(sglang_wheel: Path, work: Path) -> Path:
     """Extract the cp312 SGLang wheel and apply the DDTREE series with ``ddtree patch``."""
     root = work / f"sglang-{SGLANG_VERSION}"
@@ -109,13 +139,15 @@ def _ddtree(args: list[str]) -> str:
     return proc.stdout
 
 
-def export_checkpoints(work: Path, trained: Path | None) -> list[Path]:
+def export_checkpoints(
+    work: Path, trained: Path | None, blocks: tuple[int, ...] = BLOCK_SIZES
+) -> list[Path]:
     """``ckpt/random``: one target and a draft per block size (``draft-b<N>``); the drafts
     differ only in ``block_size``, so the target is exported once."""
-    random_dir = work / "ckpt" / "random"
-    if not all((random_dir / f"draft-b{b}" / "config.json").is_file() for b in BLOCK_SIZES):
+    random_dir = work / "ckpt" / ("random" if blocks == BLOCK_SIZES else "random-smoke")
+    if not all((random_dir / f"draft-b{b}" / "config.json").is_file() for b in blocks):
         shutil.rmtree(random_dir, ignore_errors=True)
-        for block in BLOCK_SIZES:
+        for block in blocks:
             tmp = work / "ckpt" / f".export-b{block}"
             shutil.rmtree(tmp, ignore_errors=True)
             export_pair(random_export_pair(block_size=block), tmp, dtype="bfloat16")
@@ -148,7 +180,7 @@ def build_tar(tar_path: Path, wheels: list[Path], snapshot: Path, ckpts: list[Pa
             tar.add(wheel, f"wheels/{wheel.name}", filter=clean)
         tar.add(snapshot / "sglang", "snapshot/sglang", filter=clean)
         for ckpt in ckpts:
-            tar.add(ckpt, f"ckpt/{ckpt.name}", filter=clean)
+            tar.add(ckpt, f"ckpt/{ckpt.name.removesuffix('-smoke')}", filter=clean)
         tar.add(REPO / "ddtree_cli", "client/ddtree_cli", filter=clean)
         tar.add(HERE / "run.py", "run.py", filter=clean)
 
@@ -175,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wheels", type=Path, default=fetch.wheel_cache_dir() / "cp312")
     p.add_argument("--trained", type=Path, help="an engine model folder (the trained pair)")
     p.add_argument("--piece-mib", type=int, default=60)
+    p.add_argument("--smoke", action="store_true",
+                   help="a small bundle for one DDTREE smoke run: sgl_kernel without FA3/FlashMLA/"
+                   "sm100 binaries, no SSH client wheels, only the block-16 random pair")  # fmt: skip
     args = p.parse_args(argv)
     if not (REPO / "ddtree_cli" / "bench").is_dir():
         print("warning: this checkout has no ddtree_cli/bench; `run.py bench` needs a bundle "
@@ -183,12 +218,16 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     pins = read_pins()
     wheels = download_wheels(pins, args.wheels)
+    if args.smoke:
+        wheels = [w for w in wheels if _norm(w.name.split("-")[0]) not in SMOKE_SKIP_PINS]
+        wheels = [slim_wheel(w, work / "slim") if w.name.startswith("sglang_kernel-") else w
+                  for w in wheels]  # fmt: skip
     print(f"wheels: {len(wheels)} ({sum(w.stat().st_size for w in wheels) / MIB:.0f} MiB)")
     sglang = wheel_for(f"sglang=={SGLANG_VERSION}", args.wheels)
     assert sglang is not None
     snapshot = patched_snapshot(sglang, work)
     print(f"snapshot: {snapshot} (patched)")
-    ckpts = export_checkpoints(work, args.trained)
+    ckpts = export_checkpoints(work, args.trained, (16,) if args.smoke else BLOCK_SIZES)
     print("checkpoints: " + ", ".join(c.name for c in ckpts))
     pieces_dir = args.out / "pieces"
     shutil.rmtree(pieces_dir, ignore_errors=True)
@@ -198,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = split(tar_path, pieces_dir, args.piece_mib)
     manifest["contents"] = {
         "sglang": SGLANG_VERSION,
+        "smoke": args.smoke,
         "wheels": [w.name for w in wheels],
         "checkpoints": [c.name for c in ckpts],
     }
