@@ -104,3 +104,18 @@ def test_pins_are_exact_and_unique():
     assert all("==" in p for p in pins)
     assert len(names) == len(set(names))
     assert "sglang==0.5.13" in pins and "sglang-kernel==0.4.3" in pins
+
+
+def test_slim_wheel_drops_members_and_their_record_lines(tmp_path):
+    import zipfile
+
+    wheel = tmp_path / "k-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("k/__init__.py", "x = 1\n")
+        z.writestr("k/big.so", b"\0" * 1000)
+        z.writestr("k-1.0.dist-info/RECORD", "k/__init__.py,sha256=a,6\nk/big.so,sha256=b,1000\n")
+    slim = prepare.slim_wheel(wheel, tmp_path / "slim", drop=("k/big.so",))
+    with zipfile.ZipFile(slim) as z:
+        assert sorted(z.namelist()) == ["k-1.0.dist-info/RECORD", "k/__init__.py"]
+        assert z.read("k-1.0.dist-info/RECORD").decode() == "k/__init__.py,sha256=a,6\n"
+    assert slim.name == wheel.name
