@@ -12,6 +12,7 @@ import typer
 
 REGISTERED: list[Callable[[typer.Typer], None]] = []
 from ddtree_cli.commands.serve import register as _serve; REGISTERED.append(_serve)  # noqa: E402, E702, I001
+from ddtree_cli.commands.bench import register as _bench; REGISTERED.append(_bench)  # noqa: E402, E702, I001
 from ddtree_cli.commands.doctor import register as _doctor; REGISTERED.append(_doctor)  # noqa: E402, E702, I001
 from ddtree_cli.commands.patch import register as _patch; REGISTERED.append(_patch)  # noqa: E402, E702, I001
 from ddtree_cli.commands.deploy import register as _deploy; REGISTERED.append(_deploy)  # noqa: E402, E702, I001

@@ -1,0 +1,73 @@
+"""The confound guard: two arms must differ in the speculative algorithm and nothing else.
+
+A fingerprint is a server's ``/server_info`` flattened to dotted keys, minus what changes
+from one start to the next (ports, start time, live counters). Comparing two fingerprints
+lists every other difference: model, weights, seed, GPU, versions, scheduling flags such as
+``disable_overlap_schedule`` — each of which can decide an A/B on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Differ between any two server starts, say nothing about the configuration.
+VOLATILE_KEYS = frozenset(
+    {
+        "host", "port", "startup_time", "internal_states", "pid", "status", "load",
+        "nccl_port", "dist_init_addr", "metrics_http_port", "uptime_s", "url",
+    }
+)
+# What legitimately differs between the arms of an algorithm A/B.
+ALGORITHM_KEYS = frozenset({"speculative_algorithm", "algo", "algorithm"})
+ALGORITHM_MARKERS = ("ddtree",)
+
+
+@dataclass(frozen=True)
+class Difference:
+    key: str
+    values: dict[str, Any]  # arm name -> value (None where the key is absent)
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "values": self.values}
+
+
+def fingerprint(server_info: dict[str, Any]) -> dict[str, Any]:
+    """Flatten ``/server_info`` into comparable dotted keys."""
+    flat: dict[str, Any] = {}
+    _flatten(server_info, "", flat)
+    return flat
+
+
+def _flatten(obj: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key in VOLATILE_KEYS or key.endswith("_port"):
+                continue
+            _flatten(value, f"{prefix}{key}.", out)
+        return
+    out[prefix[:-1]] = obj
+
+
+def is_algorithm_key(key: str) -> bool:
+    leaf = key.rsplit(".", 1)[-1]
+    return leaf in ALGORITHM_KEYS or any(m in leaf.lower() for m in ALGORITHM_MARKERS)
+
+
+def compare(fingerprints: dict[str, dict[str, Any]]) -> list[Difference]:
+    """Every non-algorithm key whose value is not the same on all arms."""
+    arms = list(fingerprints)
+    keys = sorted(set().union(*(fp.keys() for fp in fingerprints.values())))
+    diffs = []
+    for key in keys:
+        if is_algorithm_key(key):
+            continue
+        values = {arm: fingerprints[arm].get(key) for arm in arms}
+        if len({repr(v) for v in values.values()}) > 1:
+            diffs.append(Difference(key, values))
+    return diffs
+
+
+def algorithm_of(server_info: dict[str, Any]) -> str | None:
+    value = server_info.get("speculative_algorithm")
+    return str(value) if value else None

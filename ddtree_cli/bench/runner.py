@@ -1,0 +1,619 @@
+"""The A/B run: targets, readiness, the confound guard, interleaved trials, results.
+
+Whatever happens — completion, an error-rate stop, a dead server, Ctrl-C — the run folder
+gets the per-request JSONL written so far, ``summary.json``, ``report.md`` and the plots,
+and ``summary.json``'s ``status`` says which of those endings it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from ddtree_cli import __version__
+from ddtree_cli.bench import analysis, fingerprint, lossless
+from ddtree_cli.bench.client import Endpoint, HttpError
+from ddtree_cli.bench.loadgen import PassResult, PassSpec, run_pass
+from ddtree_cli.bench.monitor import ClientMonitor, load_warning
+from ddtree_cli.bench.servers import EMBEDDED_ALGOS, ServeProcess, wait_all_ready
+from ddtree_cli.bench.workloads import Prompt, load_workload
+from ddtree_cli.errors import ConfigError, DdtreeError, ExitCode
+
+PROMPTS_PER_SLOT = 5  # the steady-state guard: prompts >= 5 x concurrency
+UNREACHABLE_AFTER_S = 5.0  # no HTTP answer at all for this long: a wrong URL, not a slow start
+
+
+@dataclass
+class BenchOptions:
+    algo: str = "ddtree"
+    baseline: str | None = "dflash"
+    urls: dict[str, str] = field(default_factory=dict)
+    reference: str | None = None
+    dataset: str = "code"
+    num_prompts: int | None = None
+    max_new_tokens: int = 16
+    temperature: float = 0.0
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    request_rate: float = math.inf
+    trials: int = 3
+    warmup: int = 1
+    seed: int = 0
+    timeout: float = 300.0
+    max_error_rate: float = 0.2
+    output: Path | None = None
+    allow_mismatch: bool = False
+    random_input_len: int = 32
+    # Embedded engine only.
+    model: Path | None = None
+    budget: int | None = None
+    block_size: int | None = None
+    server_timeout: float = 300.0
+    # One host whose service is switched between the arms (deploy module).
+    host: str | None = None
+    config: Path | None = None
+    identity: str | None = None
+    known_hosts: str | None = None
+    accept_new_host_key: bool = False
+    service_port: int | None = None
+
+    @property
+    def embedded(self) -> bool:
+        return not self.urls and not self.host
+
+
+class Reporter(Protocol):
+    def phase(self, text: str) -> None: ...
+    def pass_started(self, arm: str, concurrency: int, trial: int, total: int) -> None: ...
+    def request_done(self, record: dict[str, Any]) -> None: ...
+    def pass_done(self, result: PassResult) -> None: ...
+
+
+class QuietReporter:
+    def phase(self, text: str) -> None:
+        pass
+
+    def pass_started(self, arm: str, concurrency: int, trial: int, total: int) -> None:
+        pass
+
+    def request_done(self, record: dict[str, Any]) -> None:
+        pass
+
+    def pass_done(self, result: PassResult) -> None:
+        pass
+
+
+@dataclass
+class RunState:
+    opts: BenchOptions
+    arms: list[str]
+    prompts: list[Prompt]
+    run_dir: Path | None = None
+    status: str = "running"
+    reason: str | None = None
+    passes: list[PassResult] = field(default_factory=list)
+    reference_outputs: dict[str, list[int]] = field(default_factory=dict)
+    server_info: dict[str, dict[str, Any]] = field(default_factory=dict)
+    urls: dict[str, str] = field(default_factory=dict)
+    differences: list[fingerprint.Difference] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    client_load: list[dict[str, Any]] = field(default_factory=list)
+    started: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    switcher: Any = None
+    _jsonl: Any = None
+
+
+@dataclass
+class BenchOutcome:
+    summary: dict[str, Any]
+    run_dir: Path
+    error: DdtreeError | None  # set when the run did not end cleanly or a check failed
+
+
+def resolve_arms(opts: BenchOptions) -> list[str]:
+    baseline = None if opts.baseline in (None, "", "none") else opts.baseline
+    if baseline == opts.algo:
+        raise ConfigError(f"--algo and --baseline are both '{opts.algo}'")
+    if opts.host or opts.config:
+        if opts.urls:
+            raise ConfigError("--host switches one service between the arms; drop --url")
+        if not (opts.host and opts.config):
+            raise ConfigError("--host and --config go together (the deploy config to switch)")
+        return [opts.algo] + ([baseline] if baseline else [])
+    if opts.embedded:
+        for name in filter(None, (opts.algo, baseline)):
+            if name not in EMBEDDED_ALGOS:
+                raise ConfigError(
+                    f"the embedded engine has no algorithm '{name}'",
+                    hint=f"use {', '.join(EMBEDDED_ALGOS)}, or point --url at your servers",
+                )
+        return [opts.algo] + ([baseline] if baseline else [])
+    unknown = set(opts.urls) - {opts.algo, baseline}
+    if unknown:
+        raise ConfigError(
+            f"--url names arm(s) {', '.join(sorted(unknown))}, which are neither --algo "
+            f"'{opts.algo}' nor --baseline '{baseline}'",
+            hint="write --url ddtree=http://HOST:PORT --url dflash=http://HOST:PORT",
+        )
+    if opts.algo not in opts.urls:
+        raise ConfigError(f"no --url for the arm under test '{opts.algo}'")
+    return [opts.algo] + ([baseline] if baseline in opts.urls else [])
+
+
+def prepare(opts: BenchOptions) -> tuple[list[str], list[Prompt]]:
+    """Validate options and load prompts; raises before anything starts or is written."""
+    if opts.trials < 1:
+        raise ConfigError("--trials must be at least 1")
+    if not opts.concurrency or min(opts.concurrency) < 1:
+        raise ConfigError("--concurrency needs positive integers, e.g. 1,4,16")
+    if opts.max_new_tokens < 1:
+        raise ConfigError("--max-new-tokens must be at least 1")
+    if not 0.0 <= opts.max_error_rate <= 1.0:
+        raise ConfigError("--max-error-rate is a fraction between 0 and 1")
+    arms = resolve_arms(opts)
+    need = PROMPTS_PER_SLOT * max(opts.concurrency)
+    n = opts.num_prompts if opts.num_prompts is not None else max(need, 5)
+    if n < need:
+        raise ConfigError(
+            f"--num-prompts {n} is below {PROMPTS_PER_SLOT} x the concurrency "
+            f"{max(opts.concurrency)} (= {need}): the run would never reach a steady state",
+            hint=f"use --num-prompts {need} or more",
+        )
+    prompts = load_workload(
+        opts.dataset, n, seed=opts.seed, random_input_len=opts.random_input_len
+    )
+    return arms, prompts
+
+
+def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
+    reporter = reporter or QuietReporter()
+    arms, prompts = prepare(opts)
+    state = RunState(opts, arms, prompts)
+    servers: list[ServeProcess] = []
+    switcher = None
+    if opts.host:
+        from ddtree_cli.bench.switching import ServiceSwitcher
+
+        switcher = ServiceSwitcher(
+            opts.config, opts.host, identity=opts.identity, known_hosts=opts.known_hosts,
+            accept_new_host_key=opts.accept_new_host_key, service_port=opts.service_port,
+        )
+        switcher.check_arms(arms)
+    state.switcher = switcher
+    log_dir = Path(tempfile.mkdtemp(prefix="ddtree-bench-"))
+    error: DdtreeError | None = None
+    try:
+        if switcher is not None:
+            pass  # URLs come from the deploys, arm by arm, inside the run
+        elif opts.embedded:
+            reporter.phase(f"starting ddtree serve for {', '.join(arms)}")
+            servers = [
+                ServeProcess(arm, arm, log_dir, _serve_args(opts)) for arm in arms
+            ]
+            for s in servers:
+                s.start()
+            wait_all_ready(servers, opts.server_timeout)
+            state.urls = {s.arm: s.url for s in servers if s.url}
+        else:
+            state.urls = {arm: opts.urls[arm] for arm in arms}
+        asyncio.run(_main(state, servers, reporter))
+        state.status = "complete"
+    except KeyboardInterrupt:
+        if state.run_dir is None:
+            raise
+        state.status = "interrupted"
+        state.reason = "interrupted by the user"
+        error = DdtreeError("interrupted", exit_code=ExitCode.INTERRUPTED)
+    except DdtreeError as exc:
+        if state.run_dir is None:
+            raise
+        state.status = "stopped"
+        state.reason = exc.message
+        error = exc
+    finally:
+        for s in servers:
+            s.stop()
+        if state.run_dir is not None:
+            for s in servers:
+                if s.log_path.exists():
+                    shutil.copy(s.log_path, state.run_dir / s.log_path.name)
+        shutil.rmtree(log_dir, ignore_errors=True)
+        if state._jsonl is not None:
+            state._jsonl.close()
+    assert state.run_dir is not None
+    summary = finish(state)
+    if error is None:
+        error = _check_failure(summary, state.run_dir)
+    elif error.exit_code != ExitCode.INTERRUPTED:
+        error = DdtreeError(
+            f"run stopped: {error.message}; partial results in {state.run_dir}",
+            hint=error.hint,
+        )
+    else:
+        error = DdtreeError(
+            f"interrupted; partial results in {state.run_dir}", exit_code=ExitCode.INTERRUPTED
+        )
+    return BenchOutcome(summary, state.run_dir, error)
+
+
+def _serve_args(opts: BenchOptions) -> list[str]:
+    args: list[str] = []
+    if opts.model is not None:
+        args += ["--model", str(opts.model)]
+    if opts.budget is not None:
+        args += ["--budget", str(opts.budget)]
+    if opts.block_size is not None:
+        args += ["--block-size", str(opts.block_size)]
+    args += ["--max-running-requests", str(max(8, max(opts.concurrency)))]
+    return args
+
+
+async def _activate(state: RunState, arm: str, endpoints: dict[str, Endpoint],
+                    reporter: Reporter) -> None:
+    """With --host: make ``arm`` the running service (a restart) unless it already is."""
+    switcher = state.switcher
+    if switcher is None or switcher.active == arm:
+        return
+    reporter.phase(f"switching {state.opts.host} to {arm} (deploy, restart, wait healthy)")
+    url = await asyncio.to_thread(switcher.switch, arm)
+    state.urls[arm] = url
+    if arm not in endpoints or endpoints[arm].url != url.rstrip("/"):
+        endpoints[arm] = Endpoint(url)
+
+
+async def _main(state: RunState, servers: list[ServeProcess], reporter: Reporter) -> None:
+    opts = state.opts
+    endpoints = {arm: Endpoint(url) for arm, url in state.urls.items()}
+    sampling = {"max_new_tokens": opts.max_new_tokens, "temperature": opts.temperature}
+    reporter.phase("reading /server_info")
+    for arm in state.arms:
+        await _activate(state, arm, endpoints, reporter)
+        state.server_info[arm] = await _ready_info(arm, endpoints[arm], opts.server_timeout)
+        await _canary(state, arm, endpoints[arm], sampling)
+    _guard_confounds(state)
+    ref_ep = Endpoint(opts.reference) if opts.reference else None
+    if ref_ep is not None:
+        state.server_info["reference"] = await _ready_info("reference", ref_ep, 30.0)
+    _create_run_dir(state)
+    if ref_ep is not None:
+        await _reference_pass(state, ref_ep, sampling, reporter)
+    alive = {s.arm: s for s in servers}
+    rng = random.Random(opts.seed)
+    for concurrency in opts.concurrency:
+        for trial in range(1, opts.trials + 1):
+            order = list(state.arms)
+            rng.shuffle(order)
+            for arm in order:
+                await _activate(state, arm, endpoints, reporter)
+                spec = PassSpec(
+                    arm=arm, concurrency=concurrency, trial=trial, sampling=sampling,
+                    request_rate=opts.request_rate, warmup=opts.warmup, timeout=opts.timeout,
+                    max_error_rate=opts.max_error_rate, seed=opts.seed + trial,
+                    incremental=bool(state.server_info[arm].get("incremental_streaming_output")),
+                )
+                await _one_pass(state, endpoints[arm], spec, alive.get(arm), reporter)
+    for ep in endpoints.values():
+        ep.close()
+
+
+async def _one_pass(
+    state: RunState, ep: Endpoint, spec: PassSpec, server: ServeProcess | None,
+    reporter: Reporter,
+) -> None:
+    reporter.pass_started(spec.arm, spec.concurrency, spec.trial, len(state.prompts))
+    monitor = ClientMonitor()
+    monitor.start()
+
+    def alive(grace_s: float) -> str | None:
+        if server is None:
+            return None
+        died = server.exit_reason(grace_s)
+        return f"ddtree serve for arm '{spec.arm}' {died}" if died else None
+
+    def on_record(rec: dict[str, Any]) -> None:
+        _write_record(state, rec)
+        reporter.request_done(rec)
+
+    result = PassResult(spec.arm, spec.concurrency, spec.trial)
+    state.passes.append(result)
+    try:
+        await run_pass(
+            ep, state.prompts, spec, on_record=on_record, alive=alive, result=result
+        )
+    finally:
+        load = await monitor.stop()
+        state.client_load.append(
+            {"arm": spec.arm, "concurrency": spec.concurrency, "trial": spec.trial,
+             **load.to_json()}
+        )
+    reporter.pass_done(result)
+    if result.stopped:
+        if server is not None:
+            # A killed server closes its sockets a moment before it can be reaped, so the
+            # failed requests may be seen first: give the process a moment to be reaped.
+            for _ in range(20):
+                if server.exit_reason():
+                    break
+                await asyncio.sleep(0.1)
+        if server is not None and server.exit_reason():
+            raise DdtreeError(
+                f"ddtree serve for arm '{spec.arm}' {server.exit_reason()}",
+                hint=server.log_hint(),
+            )
+        raise DdtreeError(result.stopped)
+
+
+async def _ready_info(arm: str, ep: Endpoint, timeout: float) -> dict[str, Any]:
+    """Wait for /health, then return /server_info (or /get_server_info on older servers)."""
+    start = time.monotonic()
+    answered = False  # a server that answers (503 while starting) is waited for
+    last = ""
+    while True:
+        try:
+            status, body = await ep.get_json("/health", timeout=10.0)
+            answered = True
+            if status == 200:
+                break
+            last = f"/health answered {status}"
+        except (OSError, asyncio.TimeoutError, HttpError) as exc:
+            last = str(exc)
+        waited = time.monotonic() - start
+        if waited > timeout or (not answered and waited > UNREACHABLE_AFTER_S):
+            raise DdtreeError(
+                f"arm '{arm}' at {ep.url} is not {'healthy' if answered else 'reachable'}: {last}",
+                hint="check the URL and that the server is running"
+                if not answered else "raise --server-timeout if it is still starting",
+            )
+        await asyncio.sleep(0.5)
+    for path in ("/server_info", "/get_server_info"):
+        status, body = await ep.get_json(path)
+        if status == 200 and isinstance(body, dict):
+            return body
+    raise DdtreeError(f"arm '{arm}' at {ep.url} has no /server_info (got HTTP {status})")
+
+
+def _guard_confounds(state: RunState) -> None:
+    if len(state.arms) < 2:
+        return
+    fps = {arm: fingerprint.fingerprint(state.server_info[arm]) for arm in state.arms}
+    state.differences = fingerprint.compare(fps)
+    if not state.differences or state.opts.allow_mismatch:
+        return
+    shown = "; ".join(
+        f"{d.key}: " + ", ".join(f"{arm}={_short(v)}" for arm, v in d.values.items())
+        for d in state.differences[:4]
+    )
+    more = len(state.differences) - 4
+    raise DdtreeError(
+        f"the arms differ in more than the algorithm — {shown}"
+        + (f" (and {more} more)" if more > 0 else ""),
+        hint="make the servers identical but for the algorithm, or pass --allow-mismatch",
+        exit_code=ExitCode.CHECK_FAILED,
+    )
+
+
+def _short(value: Any, width: int = 40) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+async def _canary(state: RunState, arm: str, ep: Endpoint, sampling: dict[str, Any]) -> None:
+    """One short request before measuring: the server answers, and speculation is on."""
+    body = {**state.prompts[0].payload(), "sampling_params": {**sampling, "max_new_tokens": 8}}
+    res = await ep.stream_generate(body, timeout=state.opts.timeout)
+    if not res.ok:
+        raise DdtreeError(f"arm '{arm}' failed its first request: {res.error}")
+    algo = fingerprint.algorithm_of(state.server_info[arm])
+    verify = ((res.final or {}).get("meta_info") or {}).get("spec_verify_ct")
+    if algo and not verify:
+        state.warnings.append(
+            f"arm '{arm}' reports speculative_algorithm {algo} but no spec_verify_ct: "
+            "speculative decoding may be off"
+        )
+
+
+async def _reference_pass(
+    state: RunState, ep: Endpoint, sampling: dict[str, Any], reporter: Reporter
+) -> None:
+    if state.opts.temperature != 0:
+        state.warnings.append("--reference needs temperature 0; the reference check is skipped")
+        return
+    spec = PassSpec(
+        arm="reference", concurrency=max(state.opts.concurrency), trial=0, sampling=sampling,
+        warmup=0, timeout=state.opts.timeout, max_error_rate=state.opts.max_error_rate,
+    )
+    reporter.phase("collecting the reference outputs")
+    result = await run_pass(ep, state.prompts, spec, on_record=lambda r: _write_record(state, r))
+    state.reference_outputs = {
+        r["prompt_id"]: r["output_ids"] for r in result.records
+        if r["ok"] and r.get("output_ids") is not None
+    }
+    if result.stopped:
+        raise DdtreeError(f"reference server: {result.stopped}")
+
+
+def _create_run_dir(state: RunState) -> None:
+    opts = state.opts
+    run_dir = opts.output or Path("runs") / datetime.now(timezone.utc).strftime(
+        "bench-%Y%m%d-%H%M%S"
+    )
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"{run_dir} exists and is not empty", hint="choose a new --output folder"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state.run_dir = run_dir
+    state._jsonl = open(run_dir / "requests.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+
+
+def _write_record(state: RunState, rec: dict[str, Any]) -> None:
+    state._jsonl.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    state._jsonl.flush()
+
+
+def _strict(state: RunState) -> bool:
+    """Exact equality is demanded when both arms are the embedded engine in float32."""
+    infos = [state.server_info.get(arm, {}) for arm in state.arms]
+    return bool(infos) and all(
+        i.get("engine") == "ddtree-embedded" and i.get("dtype") == "float32" for i in infos
+    )
+
+
+def finish(state: RunState) -> dict[str, Any]:
+    """Compute the summary from what was measured and write every output file."""
+    from ddtree_cli.bench import plots, report
+
+    assert state.run_dir is not None
+    summary = build_summary(state)
+    _write_json_atomic(state.run_dir / "summary.json", summary)
+    (state.run_dir / "report.md").write_text(report.render(summary), encoding="utf-8")
+    try:
+        summary["files"]["plots"] = plots.render_all(summary, state.passes, state.run_dir)
+    except Exception as exc:  # noqa: BLE001 — a plot must never cost the results
+        summary["warnings"].append(f"plots not written: {exc}")
+    _write_json_atomic(state.run_dir / "summary.json", summary)
+    (state.run_dir / "report.md").write_text(report.render(summary), encoding="utf-8")
+    return summary
+
+
+def build_summary(state: RunState) -> dict[str, Any]:
+    opts = state.opts
+    records = [r for p in state.passes for r in p.records]
+    sweep = []
+    for c in opts.concurrency:
+        by_arm = {
+            arm: [p for p in state.passes if p.arm == arm and p.concurrency == c]
+            for arm in state.arms
+        }
+        if not any(by_arm.values()):
+            continue
+        point: dict[str, Any] = {
+            "concurrency": c,
+            "arms": {arm: analysis.arm_metrics(ps) for arm, ps in by_arm.items() if ps},
+            "comparison": None,
+        }
+        if len(state.arms) == 2 and all(by_arm.values()):
+            a, b = state.arms
+            point["comparison"] = analysis.compare(by_arm[a], by_arm[b], name_a=a, seed=opts.seed)
+        sweep.append(point)
+    check = None
+    if len(state.arms) == 2 and opts.temperature == 0:
+        check = lossless.compare_arms(records, *state.arms, strict=_strict(state))
+        if state.reference_outputs:
+            check.reference = lossless.reference_divergence(
+                records, state.reference_outputs, state.arms
+            )
+    elif len(state.arms) == 1 and state.reference_outputs:
+        check = lossless.LosslessResult((state.arms[0],), strict=False)
+        check.reference = lossless.reference_divergence(
+            records, state.reference_outputs, state.arms
+        )
+    headline = sweep[0] if sweep else {"arms": {}, "comparison": None, "concurrency": None}
+    return {
+        "tool": f"ddtree {__version__}",
+        "status": state.status,
+        "reason": state.reason,
+        "started": state.started,
+        "finished": datetime.now(timezone.utc).isoformat(),
+        "algo": opts.algo,
+        "baseline": state.arms[1] if len(state.arms) > 1 else None,
+        "target": "embedded" if opts.embedded else ("host" if opts.host else "url"),
+        "host": opts.host,
+        "switches": state.switcher.switches if state.switcher is not None else None,
+        "urls": state.urls,
+        "reference": opts.reference,
+        "config": {
+            "dataset": opts.dataset,
+            "num_prompts": len(state.prompts),
+            "max_new_tokens": opts.max_new_tokens,
+            "temperature": opts.temperature,
+            "concurrency": opts.concurrency,
+            "request_rate": None if math.isinf(opts.request_rate) else opts.request_rate,
+            "trials": opts.trials,
+            "warmup": opts.warmup,
+            "seed": opts.seed,
+            "timeout_s": opts.timeout,
+            "max_error_rate": opts.max_error_rate,
+        },
+        "headline_concurrency": headline["concurrency"],
+        "arms": headline["arms"],
+        "comparison": headline["comparison"],
+        "sweep": sweep,
+        "lossless": check.to_json() if check else {
+            "compared": 0, "mismatches": [], "ok": None,
+            "skipped": "needs two arms at temperature 0, or --reference",
+        },
+        "confounds": {
+            "differences": [d.to_json() for d in state.differences],
+            "allowed": opts.allow_mismatch,
+        },
+        "server_info": state.server_info,
+        "client": state.client_load,
+        "warnings": _model_warnings(state) + state.warnings + _client_warnings(state.client_load),
+        "errors": {
+            arm: sum(1 for r in records if r["arm"] == arm and not r["ok"]) for arm in state.arms
+        },
+        "files": {
+            "requests": "requests.jsonl", "summary": "summary.json", "report": "report.md",
+            "plots": [],
+        },
+        "run_dir": str(state.run_dir),
+    }
+
+
+def _model_warnings(state: RunState) -> list[str]:
+    random_arms = [
+        arm for arm in state.arms
+        if ((state.server_info.get(arm) or {}).get("model") or {}).get("random_init")
+    ]
+    if not random_arms:
+        return []
+    return [
+        f"arm(s) {', '.join(random_arms)} run the embedded engine with fixed-seed RANDOM "
+        "weights: acceptance and speed here say nothing about a trained model pair"
+    ]
+
+
+def _client_warnings(loads: list[dict[str, Any]]) -> list[str]:
+    """One warning for the worst pass, not one per pass."""
+    if not loads:
+        return []
+    warning = load_warning(
+        max(x["cpu_fraction"] for x in loads), max(x["loop_lag_ms"]["p99"] for x in loads)
+    )
+    return [warning] if warning else []
+
+
+def _check_failure(summary: dict[str, Any], run_dir: Path) -> DdtreeError | None:
+    check = summary["lossless"]
+    if check.get("ok") is not False:
+        return None
+    flagged = (check.get("reference") or {}).get("flagged") or []
+    if flagged:
+        return DdtreeError(
+            f"lossless check failed: arm '{flagged[0]}' diverges from the reference clearly "
+            f"more often than the other arm; see {run_dir / 'report.md'}",
+            exit_code=ExitCode.CHECK_FAILED,
+        )
+    first = check["mismatches"][0]
+    return DdtreeError(
+        f"lossless check failed: {len(check['mismatches'])} of {check['compared']} outputs "
+        f"differ between the arms (first: prompt {first['prompt_id']} at token "
+        f"{first['position']}); see {run_dir / 'report.md'}",
+        exit_code=ExitCode.CHECK_FAILED,
+    )
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

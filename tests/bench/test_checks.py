@@ -1,0 +1,89 @@
+"""The confound guard's diff and the lossless comparisons, on data with known answers."""
+
+from __future__ import annotations
+
+from ddtree_cli.bench import fingerprint, lossless
+
+
+def _info(**over):
+    base = {
+        "model_path": "Qwen/Qwen3-8B", "port": 30000, "host": "0.0.0.0", "startup_time": 1.0,
+        "speculative_algorithm": "DFLASH", "disable_overlap_schedule": False,
+        "internal_states": [{"avg_spec_accept_length": 3.2}],
+        "gpu": {"name": "H200", "driver": "580"}, "dist_init_port": 5000,
+    }
+    base.update(over)
+    return base
+
+
+def test_fingerprints_ignore_ports_times_counters_and_the_algorithm():
+    a = fingerprint.fingerprint(_info())
+    b = fingerprint.fingerprint(_info(
+        port=30001, startup_time=9.0, speculative_algorithm="DDTREE",
+        speculative_ddtree_budget=15, internal_states=[{"avg_spec_accept_length": 5.0}],
+        dist_init_port=6000,
+    ))
+    assert fingerprint.compare({"ddtree": b, "dflash": a}) == []
+
+
+def test_fingerprints_show_every_other_difference_nested_or_missing():
+    a = fingerprint.fingerprint(_info())
+    b = fingerprint.fingerprint(_info(
+        disable_overlap_schedule=True, gpu={"name": "H100", "driver": "580"}, extra_flag=1,
+    ))
+    diffs = {d.key: d.values for d in fingerprint.compare({"ddtree": b, "dflash": a})}
+    assert diffs == {
+        "disable_overlap_schedule": {"ddtree": True, "dflash": False},
+        "gpu.name": {"ddtree": "H100", "dflash": "H200"},
+        "extra_flag": {"ddtree": 1, "dflash": None},
+    }
+
+
+def _rec(arm, pid, ids, trial=1, conc=1, ok=True):
+    return {"arm": arm, "prompt_id": pid, "output_ids": ids, "trial": trial,
+            "concurrency": conc, "ok": ok}
+
+
+def test_first_difference():
+    assert lossless.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert lossless.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert lossless.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_compare_arms_lists_each_mismatch_with_its_position():
+    records = [
+        _rec("a", "p1", [1, 2, 3]), _rec("b", "p1", [1, 2, 3]),
+        _rec("a", "p2", [4, 5, 6]), _rec("b", "p2", [4, 9, 6]),
+        _rec("a", "p3", [7]), _rec("b", "p3", None, ok=False),  # failed: not compared
+    ]
+    res = lossless.compare_arms(records, "a", "b", strict=True)
+    assert res.compared == 2
+    assert [(m.prompt_id, m.position, m.tokens) for m in res.mismatches] == [
+        ("p2", 1, {"a": 5, "b": 9})
+    ]
+    assert not res.ok
+    assert lossless.compare_arms(records, "a", "b", strict=False).ok
+
+
+def test_reference_flags_the_arm_that_diverges_clearly_more_often():
+    ref = {f"p{i}": [i, i] for i in range(8)}
+    records = []
+    for i in range(8):
+        records.append(_rec("good", f"p{i}", [i, i]))
+        records.append(_rec("bad", f"p{i}", [i, 99]))
+    out = lossless.reference_divergence(records, ref, ["good", "bad"])
+    assert out["arms"]["good"]["rate"] == 0.0
+    assert out["arms"]["bad"]["rate"] == 1.0
+    assert out["p_value"] == 2 / 256
+    assert out["flagged"] == ["bad"]
+
+
+def test_reference_does_not_flag_equal_rates_of_near_tie_flips():
+    ref = {f"p{i}": [i, i] for i in range(8)}
+    records = []
+    for i in range(8):
+        records.append(_rec("x", f"p{i}", [i, 99] if i in (0, 1) else [i, i]))
+        records.append(_rec("y", f"p{i}", [i, 99] if i in (2, 3) else [i, i]))
+    out = lossless.reference_divergence(records, ref, ["x", "y"])
+    assert out["arms"]["x"]["diverged"] == out["arms"]["y"]["diverged"] == 2
+    assert out["flagged"] == []
