@@ -35,7 +35,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-PORTS = {"plain": 30000, "dflash": 30001, "ddtree": 30002}
+_BASE = int(os.environ.get("DDTREE_H200_PORT_BASE", "30000"))
+PORTS = {"plain": _BASE, "dflash": _BASE + 1, "ddtree": _BASE + 2}
 ALGORITHMS = {"plain": None, "dflash": "DFLASH", "ddtree": "DDTREE"}
 REFUSALS = {  # flags that must be refused, and the text the refusal must contain
     "page_size_4": (["--page-size", "4"], "DDTREE requires --page-size 1"),
@@ -326,7 +327,7 @@ def cmd_bench(args) -> int:
         for ids in prompts(args.prompts, args.prompt_len, args.vocab, seed=2):
             f.write(json.dumps({"input_ids": ids}) + "\n")
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(state / "bundle" / "client")
+    env["PYTHONPATH"] = args.client or str(state / "bundle" / "client")
     cmd = [sys.executable, "-m", "ddtree_cli", "bench", "--algo", "ddtree", "--baseline", "dflash",
            "--url", f"ddtree=http://127.0.0.1:{PORTS['ddtree']}",
            "--url", f"dflash=http://127.0.0.1:{PORTS['dflash']}",
@@ -384,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--concurrency", default="1")
     s.add_argument("--trials", type=int, default=3)
     s.add_argument("--output", default="bench")
+    s.add_argument("--client", help="folder holding ddtree_cli (default: the bundle's)")
     s.add_argument("extra", nargs="*", help="more ddtree bench flags, after --")
     s = sub.add_parser("stop")
     s.add_argument("arm", choices=[*sorted(PORTS), "all"])
