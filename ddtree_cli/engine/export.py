@@ -70,6 +70,20 @@ def draft_config(draft: DraftConfig, target: TargetConfig, dtype: str) -> dict:
     return data
 
 
+def check_sglang_capturable(target: TargetConfig, draft: DraftConfig) -> None:
+    """SGLang captures a DFlash feature "before layer k + 1" inside the decoder loop
+    (``Qwen2Model.forward``, ``layers_to_capture``), so the last layer's output is never
+    captured: the server then feeds the drafter too few features and its first request fails
+    with "DFLASH target_hidden feature dim mismatch" (seen on an H200 with 0.5.13)."""
+    last = target.num_hidden_layers - 1
+    if last in draft.target_layer_ids:
+        raise ConfigError(
+            f"drafter target_layer_ids {list(draft.target_layer_ids)} include the target's last "
+            f"layer ({last}), whose output SGLang cannot capture",
+            hint="use feature layers below the last one (retrain the drafter)",
+        )
+
+
 def export_pair(pair: ModelPair, out: Path, dtype: str = "bfloat16") -> ExportResult:
     """Write ``pair`` under ``out`` (created; must not hold a previous export's files).
 
@@ -78,6 +92,7 @@ def export_pair(pair: ModelPair, out: Path, dtype: str = "bfloat16") -> ExportRe
     """
     from safetensors.torch import save_file
 
+    check_sglang_capturable(pair.target.config, pair.drafter.config)
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}", hint=f"one of {', '.join(DTYPES)}")
     out = Path(out)
@@ -132,7 +147,8 @@ def export_pair(pair: ModelPair, out: Path, dtype: str = "bfloat16") -> ExportRe
 
 def random_export_pair(block_size: int = 16, seed: int = DEFAULT_SEED) -> ModelPair:
     """The engine's fixed-seed random pair with the drafter's block size set to ``block_size``."""
-    draft = dataclasses.replace(DraftConfig(), block_size=block_size)
+    # (1, 2), not the engine's default (1, 3): SGLang cannot capture the last layer's output.
+    draft = dataclasses.replace(DraftConfig(), block_size=block_size, target_layer_ids=(1, 2))
     return random_pair(TargetConfig(), draft, seed=seed)
 
 

@@ -35,7 +35,7 @@ def test_configs_carry_what_sglang_needs(tmp_path):
     assert target["torch_dtype"] == "bfloat16"
     assert draft["architectures"] == ["DFlashDraftModel"]
     assert draft["dflash_config"] == {
-        "block_size": 33, "mask_token_id": 257, "target_layer_ids": [1, 3],
+        "block_size": 33, "mask_token_id": 257, "target_layer_ids": [1, 2],
         "num_target_layers": 4,
     }  # fmt: skip
     tensors = load_file(str(result.target / "model.safetensors"))
@@ -72,3 +72,12 @@ def test_command_line_round_trip(tmp_path):
     )  # fmt: skip
     assert bad.returncode != 0
     assert bad.stderr.startswith("Error: ") and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_refuses_a_drafter_fed_by_the_targets_last_layer(tmp_path):
+    from ddtree_cli.engine.weights import random_pair
+
+    pair = random_pair()  # the engine's default drafter reads layers (1, 3) of 4
+    with pytest.raises(ConfigError, match="last layer"):
+        export_pair(pair, tmp_path / "o")
+    assert not (tmp_path / "o").exists()
