@@ -1,0 +1,80 @@
+"""The exported checkpoints load in the real libraries SGLang 0.5.13 uses (CPU venv).
+
+Target: transformers' ``Qwen3ForCausalLM`` (the venv pins 0.5.13's transformers) must give
+the engine's float32 logits. Draft: SGLang 0.5.13's own ``DFlashDraftModel`` is built from
+the exported config and loads every parameter from the exported tensors, with none ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from safetensors.torch import save_file
+
+from ddtree_cli.engine.export import export_pair, random_export_pair
+from tests.conftest import require
+from tests.patch.sglang_venv import ensure_venv
+from tests.unit.engine.helpers import full_forward
+
+pytestmark = [pytest.mark.sglang_import, pytest.mark.slow]
+PROBE = Path(__file__).with_name("probe_export.py")
+IDS = [5, 17, 200, 33, 33, 91, 4, 250, 128, 7, 64, 1, 99, 180, 2, 42, 259, 0, 11]
+
+
+@pytest.fixture(scope="module")
+def probed(pristine_root, tmp_path_factory):
+    try:
+        python = ensure_venv("0.5.13")
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        require(False, f"cannot build the SGLang 0.5.13 CPU venv: {exc}")
+    work = tmp_path_factory.mktemp("export")
+    pair = random_export_pair(block_size=16, seed=3)
+    result = export_pair(pair, work / "ckpt", dtype="float32")
+    save_file({"logits": full_forward(pair, IDS).contiguous()}, str(work / "logits.safetensors"))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+        "SGLANG_USE_CPU_ENGINE": "1",  # SGLang's own CPU layer paths (no vllm/sgl_kernel ops)
+        "CUDA_VISIBLE_DEVICES": "",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    proc = subprocess.run(
+        # -B: the pristine snapshot is shared with other tests and must stay byte-identical.
+        [str(python), "-B", str(PROBE), str(pristine_root("0.5.13")), str(result.folder),
+         json.dumps(IDS), str(work / "logits.safetensors")],
+        capture_output=True, text=True, env=env, timeout=600, cwd=work,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return pair, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_target_loads_in_transformers_with_the_engines_logits(probed):
+    pair, facts = probed
+    target = facts["target"]
+    assert target["shape"] == [len(IDS), pair.target.config.vocab_size]
+    assert target["tied"]
+    assert target["argmax_equal"]
+    assert target["max_abs_diff"] < 1e-4, target
+
+
+def test_draft_tensors_are_exactly_what_dflash_draft_model_declares(probed):
+    pair, facts = probed
+    draft = facts["draft"]
+    assert draft["ignored_by_loader"] == []
+    assert draft["never_loaded"] == []
+    assert draft["mismatched"] == []
+    cfg = pair.drafter.config
+    assert draft["block_size"] == cfg.block_size
+    assert draft["num_context_features"] == len(cfg.target_layer_ids)
+    assert draft["parsed"] == {
+        "target_layer_ids": list(cfg.target_layer_ids),
+        "mask_token_id": cfg.mask_token_id,
+        "num_target_layers": pair.target.config.num_hidden_layers,
+    }
+    h = cfg.hidden_size
+    assert draft["params"]["fc.weight"] == [h, len(cfg.target_layer_ids) * h]
+    assert "layers.0.self_attn.qkv_proj.weight" in draft["params"]

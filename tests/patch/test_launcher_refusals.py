@@ -1,0 +1,87 @@
+"""`_handle_ddtree`'s refusals through SGLang 0.5.13's real launcher, on CPU.
+
+``python -m sglang.launch_server`` from a freshly patched 0.5.13 snapshot, in the cached CPU
+venv, with ``--device cpu`` (SGLang's CPU engine switch): argument handling runs exactly as
+on a GPU host, and each refused configuration must exit non-zero with its message. An
+accepted configuration gets past argument handling and then stops where this venv lacks
+server dependencies; that is outside what is tested here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from ddtree_cli.engine.export import export_pair, random_export_pair
+from ddtree_cli.patching import engine, snapshot
+from tests.conftest import require
+from tests.patch.sglang_venv import ensure_venv
+
+pytestmark = [pytest.mark.sglang_import, pytest.mark.slow]
+
+CASES = {
+    "page_size_4": (["--page-size", "4"], "DDTREE requires --page-size 1, got 4"),
+    "fa3": (["--attention-backend", "fa3"],
+            "DDTREE requires --attention-backend triton or flashinfer"),
+    # Without --disable-radix-cache SGLang's own Qwen3-Next check refuses first.
+    "hybrid": (["--disable-radix-cache"], "DDTREE refuses hybrid target models (model_type "
+               "'qwen3_next')"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def launch(pristine_root, tmp_path_factory):
+    try:
+        python = ensure_venv("0.5.13")
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        require(False, f"cannot build the SGLang 0.5.13 CPU venv: {exc}")
+    work = tmp_path_factory.mktemp("launcher")
+    root = work / "snapshot"
+    shutil.copytree(pristine_root("0.5.13"), root)
+    engine.apply(snapshot.detect(root))
+    ckpt = export_pair(random_export_pair(block_size=16), work / "ckpt").folder
+    hybrid = work / "hybrid"
+    hybrid.mkdir()
+    (hybrid / "config.json").write_text(
+        json.dumps({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"]})
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+        "PYTHONPATH": str(root),
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "HF_HUB_OFFLINE": "1",
+    }
+
+    def run(extra: list[str], model=None) -> subprocess.CompletedProcess:
+        cmd = [str(python), "-m", "sglang.launch_server",
+               "--model-path", str(model or ckpt / "target"), "--skip-tokenizer-init",
+               "--attention-backend", "triton", "--page-size", "1",
+               "--disable-overlap-schedule", "--device", "cpu",
+               "--speculative-algorithm", "DDTREE",
+               "--speculative-draft-model-path", str(ckpt / "draft"),
+               "--host", "127.0.0.1", "--port", "1", *extra]  # fmt: skip
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work, timeout=300)
+
+    return run, hybrid
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_refused_with_its_message(launch, case):
+    run, hybrid = launch
+    flags, message = CASES[case]
+    proc = run(flags, model=hybrid if case == "hybrid" else None)
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+
+
+def test_the_override_lets_a_hybrid_target_through_with_a_warning(launch):
+    run, hybrid = launch
+    proc = run(["--disable-radix-cache", "--speculative-ddtree-allow-hybrid"], model=hybrid)
+    out = proc.stdout + proc.stderr
+    assert "DDTREE refuses" not in out
+    assert "was allowed by --speculative-ddtree-allow-hybrid; outputs may be wrong" in out

@@ -1,0 +1,121 @@
+"""benchmarks/sglang_h200: pieces round-trip with sha256 checks, and fair server flags."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parents[2] / "benchmarks" / "sglang_h200"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"sglang_h200_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+prepare = _load("prepare")
+run = _load("run")
+
+
+def _bundle(tmp_path: Path) -> Path:
+    """A small gzipped tar split into 1 MiB pieces, as prepare.py writes it."""
+    src = tmp_path / "src"
+    (src / "ckpt").mkdir(parents=True)
+    (src / "ckpt" / "blob").write_bytes(bytes(range(256)) * 10_000)  # ~2.5 MiB
+    (src / "run.py").write_text("print('hi')\n")
+    tgz = tmp_path / "bundle.tgz"
+    with tarfile.open(tgz, "w:gz", compresslevel=0) as tar:
+        tar.add(src / "ckpt", "ckpt")
+        tar.add(src / "run.py", "run.py")
+    pieces = tmp_path / "pieces"
+    pieces.mkdir()
+    manifest = prepare.split(tgz, pieces, 1)
+    (pieces / "manifest.json").write_text(json.dumps(manifest))
+    return pieces
+
+
+def _args(state: Path, **kw):
+    import argparse
+
+    return argparse.Namespace(state=str(state), **kw)
+
+
+def test_pieces_arrive_one_by_one_and_reassemble(tmp_path):
+    pieces = _bundle(tmp_path)
+    names = sorted(p for p in pieces.iterdir() if p.name != "manifest.json")
+    assert len(names) >= 3 and all(p.stat().st_size <= 1 << 20 for p in names)
+    state = tmp_path / "state"
+    assert (
+        run.cmd_receive(_args(state, sources=[str(pieces / "manifest.json"), str(names[0])])) == 0
+    )
+    assert run.unpack(state, state / "bundle") == 2  # not all pieces yet: nothing unpacked
+    assert not (state / "bundle").exists()
+    for piece in names[1:]:
+        assert run.cmd_receive(_args(state, sources=[str(piece)])) == 0
+    assert run.unpack(state, state / "bundle") == 0
+    assert (state / "bundle" / "ckpt" / "blob").read_bytes() == bytes(range(256)) * 10_000
+    assert (state / "bundle" / ".complete").is_file()
+    assert not (state / "pieces").exists()
+
+
+def test_a_corrupted_piece_is_refused(tmp_path):
+    pieces = _bundle(tmp_path)
+    bad = pieces / "bundle.tgz.001"
+    data = bytearray(bad.read_bytes())
+    data[100] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    state = tmp_path / "state"
+    assert run.cmd_receive(_args(state, sources=[str(pieces / "manifest.json")])) == 0
+    assert run.cmd_receive(_args(state, sources=[str(bad)])) == 2
+    assert not (state / "pieces" / bad.name).exists()
+
+
+@pytest.mark.parametrize("block", [None, 33])
+def test_arms_differ_only_in_the_algorithm(tmp_path, block):
+    cmds = {
+        arm: run.server_cmd(
+            tmp_path, arm, "random", block, 64 if arm == "ddtree" else None, 30000, 0.25, 8, []
+        )  # fmt: skip
+        for arm in ("plain", "dflash", "ddtree")
+    }
+    plain = cmds["plain"]
+    for arm in ("dflash", "ddtree"):
+        assert cmds[arm][: len(plain)] == plain
+        extra = cmds[arm][len(plain) :]
+        assert extra[:2] == ["--speculative-algorithm", arm.upper()]
+    assert cmds["ddtree"][-2:] == ["--speculative-ddtree-budget", "64"]
+    swapped = [("DFLASH" if a == "DDTREE" else a) for a in cmds["ddtree"][:-2]]
+    assert cmds["dflash"] == swapped
+    for flag in ("--disable-overlap-schedule", "--skip-tokenizer-init", "--page-size"):
+        assert flag in plain
+    draft = cmds["ddtree"][cmds["ddtree"].index("--speculative-draft-model-path") + 1]
+    assert draft.endswith("draft" if block is None else f"draft-b{block}")
+
+
+def test_pins_are_exact_and_unique():
+    pins = prepare.read_pins()
+    names = [p.split("==")[0].lower().replace("_", "-") for p in pins]
+    assert all("==" in p for p in pins)
+    assert len(names) == len(set(names))
+    assert "sglang==0.5.13" in pins and "sglang-kernel==0.4.3" in pins
+
+
+def test_slim_wheel_drops_members_and_their_record_lines(tmp_path):
+    import zipfile
+
+    wheel = tmp_path / "k-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("k/__init__.py", "x = 1\n")
+        z.writestr("k/big.so", b"\0" * 1000)
+        z.writestr("k-1.0.dist-info/RECORD", "k/__init__.py,sha256=a,6\nk/big.so,sha256=b,1000\n")
+    slim = prepare.slim_wheel(wheel, tmp_path / "slim", drop=("k/big.so",))
+    with zipfile.ZipFile(slim) as z:
+        assert sorted(z.namelist()) == ["k-1.0.dist-info/RECORD", "k/__init__.py"]
+        assert z.read("k-1.0.dist-info/RECORD").decode() == "k/__init__.py,sha256=a,6\n"
+    assert slim.name == wheel.name
