@@ -14,7 +14,8 @@ Steps (each cached or skipped when its output exists):
    ``budget == block size - 1`` rule; one target, ``draft-b<N>`` per block size), and the
    trained pair when ``--trained`` is given;
 4. the ``ddtree_cli`` package and ``run.py`` (the bench client runs from the bundle);
-5. one gzipped tar of all that, split into pieces of at most ``--piece-mib`` MiB (default 60) with
+5. one gzipped tar of all that, split into pieces of at most ``--piece-mib`` MiB (default 36:
+   one piece plus a checkout of this repository, ~24 MB, stays under a 64 MiB transfer) with
    ``manifest.json``: every piece's size and sha256, and the whole tar's sha256.
 
 On the GPU machine, ``run.py`` reassembles and verifies the pieces; see docs/validation.md.
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "runs" / "sglang_h200")
     p.add_argument("--wheels", type=Path, default=fetch.wheel_cache_dir() / "cp312")
     p.add_argument("--trained", type=Path, help="an engine model folder (the trained pair)")
-    p.add_argument("--piece-mib", type=int, default=60)
+    p.add_argument("--piece-mib", type=int, default=36)
     p.add_argument("--smoke", action="store_true",
                    help="a small bundle for one DDTREE smoke run: sgl_kernel without FA3/FlashMLA/"
                    "sm100 binaries, no SSH client wheels, only the block-16 random pair")  # fmt: skip
