@@ -192,9 +192,8 @@ def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutc
     log_dir = Path(tempfile.mkdtemp(prefix="ddtree-bench-"))
     error: DdtreeError | None = None
     try:
-        if switcher is not None:
-            pass  # URLs come from the deploys, arm by arm, inside the run
-        elif opts.embedded:
+        # With a switcher, URLs come from the deploys, arm by arm, inside the run.
+        if switcher is None and opts.embedded:
             reporter.phase(f"starting ddtree serve for {', '.join(arms)}")
             servers = [
                 ServeProcess(arm, arm, log_dir, _serve_args(opts)) for arm in arms
@@ -203,7 +202,7 @@ def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutc
                 s.start()
             wait_all_ready(servers, opts.server_timeout)
             state.urls = {s.arm: s.url for s in servers if s.url}
-        else:
+        elif switcher is None:
             state.urls = {arm: opts.urls[arm] for arm in arms}
         asyncio.run(_main(state, servers, reporter))
         state.status = "complete"
