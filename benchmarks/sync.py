@@ -28,16 +28,17 @@ import sys
 import tempfile
 import threading
 import time
-import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ddtree_cli.patching.fetch import download_wheel, extract_wheel  # noqa: E402
 from ddtree_cli.remote.ssh import connect  # noqa: E402
 from ddtree_cli.remote.sync import Releases, scan, sync  # noqa: E402
-from tests.testhosts import cache_dir, start_host  # noqa: E402
+from tests.testhosts import start_host  # noqa: E402
 
-WHEEL = "sglang==0.5.23"
+VERSION = "0.5.23"
+WHEEL = f"sglang=={VERSION}"
 
 
 class CountingProxy:
@@ -79,17 +80,8 @@ class CountingProxy:
 
 
 def snapshot(workdir: Path) -> Path:
-    wheels = cache_dir().parent / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    found = sorted(wheels.glob("sglang-0.5.23-*.whl"))
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d",
-                        str(wheels), WHEEL], check=True)
-        found = sorted(wheels.glob("sglang-0.5.23-*.whl"))
-    target = workdir / "sglang-0.5.23"
-    with zipfile.ZipFile(found[0]) as wheel:
-        wheel.extractall(target)
-    return target
+    """The extracted sglang 0.5.23 wheel (downloaded once into the shared wheel cache)."""
+    return extract_wheel(download_wheel(VERSION), workdir / f"sglang-{VERSION}")
 
 
 def timed_ddtree(host, port: int, known: Path, key: Path, source: Path, base: str) -> dict:
