@@ -89,9 +89,10 @@ def download_wheels(pins: list[str], folder: Path) -> list[Path]:
     return [w for w in wheels if w is not None]
 
 
-# --smoke: sgl_kernel binaries a triton-backend server on an H100/H200 (sm90) never loads:
-# FA3 (imported only by the fa3 attention backend), FlashMLA (MLA models) and the sm100 build.
-# They are ~90 % of the bundle; leaving them out cuts the pieces from 8 to 3.
+# --slim-kernel (and --smoke): sgl_kernel binaries a triton-backend server on an H100/H200
+# (sm90) never loads: FA3 (imported only by the fa3 attention backend), FlashMLA (MLA models)
+# and the sm100 build. They are ~2/3 of the bundle. Confirmed on an H200 on 2026-11-30: plain,
+# DFLASH and DDTREE servers started, captured CUDA graphs and served from the slimmed wheel.
 SMOKE_DROP = ("sgl_kernel/flash_ops.abi3.so", "sgl_kernel/flashmla_ops.abi3.so",
               "sgl_kernel/sm100/common_ops.abi3.so")  # fmt: skip
 SMOKE_SKIP_PINS = ("paramiko", "bcrypt", "cryptography", "pynacl", "invoke")
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true",
                    help="a small bundle for one DDTREE smoke run: sgl_kernel without FA3/FlashMLA/"
                    "sm100 binaries, no SSH client wheels, only the block-16 random pair")  # fmt: skip
+    p.add_argument("--slim-kernel", action="store_true",
+                   help="sgl_kernel without FA3/FlashMLA/sm100 binaries (enough for the triton "
+                   "attention backend on sm90), everything else as in the full bundle")  # fmt: skip
     args = p.parse_args(argv)
     if not (REPO / "ddtree_cli" / "bench").is_dir():
         print("warning: this checkout has no ddtree_cli/bench; `run.py bench` needs a bundle "
@@ -221,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     wheels = download_wheels(pins, args.wheels)
     if args.smoke:
         wheels = [w for w in wheels if _norm(w.name.split("-")[0]) not in SMOKE_SKIP_PINS]
+    if args.smoke or args.slim_kernel:
         wheels = [slim_wheel(w, work / "slim") if w.name.startswith("sglang_kernel-") else w
                   for w in wheels]  # fmt: skip
     print(f"wheels: {len(wheels)} ({sum(w.stat().st_size for w in wheels) / MIB:.0f} MiB)")
@@ -239,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest["contents"] = {
         "sglang": SGLANG_VERSION,
         "smoke": args.smoke,
+        "slim_kernel": args.smoke or args.slim_kernel,
         "wheels": [w.name for w in wheels],
         "checkpoints": [c.name for c in ckpts],
     }
