@@ -13,7 +13,9 @@ Steps (each cached or skipped when its output exists):
    block size 9, 16, 33 and 65 (DDTREE budgets 8, 15, 32, 64 under the patch's current
    ``budget == block size - 1`` rule; one target, ``draft-b<N>`` per block size), and the
    trained pair when ``--trained`` is given;
-4. the ``ddtree_cli`` package and ``run.py`` (the bench client runs from the bundle);
+4. the ``ddtree_cli`` package and ``run.py`` (the bench client runs from the bundle), and
+   ``prompts/heldout.jsonl``: byte-token prompts cut from the stdlib files the trained pair
+   never saw (its held-out split), for the trained pair's ``agree`` and ``bench`` steps;
 5. one gzipped tar of all that, split into pieces of at most ``--piece-mib`` MiB (default 36:
    one piece plus a checkout of this repository, ~24 MB, stays under a 64 MiB transfer) with
    ``manifest.json``: every piece's size and sha256, and the whole tar's sha256.
@@ -30,6 +32,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 from pathlib import Path
 
@@ -38,6 +41,8 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 
 from ddtree_cli.engine.export import export_pair, random_export_pair  # noqa: E402
+from ddtree_cli.engine.tokenizer import ByteTokenizer  # noqa: E402
+from ddtree_cli.engine.train import is_heldout  # noqa: E402
 from ddtree_cli.engine.weights import load_pair  # noqa: E402
 from ddtree_cli.patching import fetch  # noqa: E402
 
@@ -168,7 +173,36 @@ def export_checkpoints(
     return out
 
 
-def build_tar(tar_path: Path, wheels: list[Path], snapshot: Path, ckpts: list[Path]) -> None:
+def heldout_prompts(count: int, length: int, root: Path | None = None) -> list[list[int]]:
+    """``count`` prompts of ``length`` byte tokens from the held-out stdlib files (the split
+    the trained pair was evaluated on, never trained on): windows starting at line starts,
+    spread evenly through each file, taken round-robin over the files in path order."""
+    root = root or Path(sysconfig.get_paths()["stdlib"])
+    tok = ByteTokenizer()
+    per_file = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if {"site-packages", "__pycache__"} & set(rel.parts) or not is_heldout(rel.as_posix()):
+            continue
+        try:
+            ids = tok.encode(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
+        starts = [0] + [i + 1 for i, b in enumerate(ids[:-length]) if b == 0x0A]
+        starts = [s for s in starts if s + length <= len(ids)]
+        if starts:
+            step = max(1, len(starts) // 16)
+            per_file.append([ids[s : s + length] for s in starts[::step][:16]])
+    out: list[list[int]] = []
+    for rank in range(16):
+        out += [windows[rank] for windows in per_file if rank < len(windows)]
+    if len(out) < count:
+        raise SystemExit(f"only {len(out)} held-out prompts of {length} tokens under {root}")
+    return out[:count]
+
+
+def build_tar(tar_path: Path, wheels: list[Path], snapshot: Path, ckpts: list[Path],
+              prompt_file: Path | None = None) -> None:  # fmt: skip
     def clean(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         if "__pycache__" in info.name or info.name.endswith(".pyc"):
             return None
@@ -185,6 +219,8 @@ def build_tar(tar_path: Path, wheels: list[Path], snapshot: Path, ckpts: list[Pa
             tar.add(ckpt, f"ckpt/{ckpt.name.removesuffix('-smoke')}", filter=clean)
         tar.add(REPO / "ddtree_cli", "client/ddtree_cli", filter=clean)
         tar.add(HERE / "run.py", "run.py", filter=clean)
+        if prompt_file is not None:
+            tar.add(prompt_file, f"prompts/{prompt_file.name}", filter=clean)
 
 
 def split(tar_path: Path, out: Path, piece_mib: int) -> dict:
@@ -238,8 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     pieces_dir = args.out / "pieces"
     shutil.rmtree(pieces_dir, ignore_errors=True)
     pieces_dir.mkdir()
+    prompt_file = None
+    if args.trained is not None:
+        prompt_file = work / "heldout.jsonl"
+        rows = heldout_prompts(200, 64)
+        prompt_file.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows))
+        print(f"prompts: {len(rows)} held-out windows of 64 tokens")
     tar_path = work / "bundle.tgz"
-    build_tar(tar_path, wheels, snapshot, ckpts)
+    build_tar(tar_path, wheels, snapshot, ckpts, prompt_file)
     manifest = split(tar_path, pieces_dir, args.piece_mib)
     manifest["contents"] = {
         "sglang": SGLANG_VERSION,

@@ -256,6 +256,20 @@ def prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
 
 
+def prompt_rows(args, seed: int) -> list[list[int]]:
+    """``--prompt-file`` (JSONL of ``{"input_ids": [...]}``; a bare name means the bundle's
+    ``prompts/<name>.jsonl``), else fixed-seed random ids below ``--vocab``."""
+    if not args.prompt_file:
+        return prompts(args.prompts, args.prompt_len, args.vocab, seed=seed)
+    path = Path(args.prompt_file)
+    if not path.is_file():
+        path = state_dir(args) / "bundle" / "prompts" / f"{args.prompt_file}.jsonl"
+    rows = [json.loads(line)["input_ids"] for line in path.read_text().splitlines() if line]
+    if len(rows) < args.prompts:
+        raise SystemExit(f"{path}: {len(rows)} prompts, {args.prompts} asked for")
+    return rows[: args.prompts]
+
+
 def cmd_generate(args) -> int:
     ids = prompts(args.batch, 24, args.vocab)
     out = generate(PORTS[args.arm], ids if args.batch > 1 else ids[0], args.max_new)
@@ -293,7 +307,7 @@ def cmd_refusals(args) -> int:
 
 def cmd_agree(args) -> int:
     """Greedy outputs of each speculative arm against plain; margins where they diverge."""
-    batch = prompts(args.prompts, args.prompt_len, args.vocab, seed=1)
+    batch = prompt_rows(args, seed=1)
     outputs = {}
     for arm in ("plain", "dflash", "ddtree"):
         rows = generate(PORTS[arm], batch, args.max_new)
@@ -324,7 +338,7 @@ def cmd_bench(args) -> int:
     state = state_dir(args)
     dataset = state / "prompts.jsonl"
     with dataset.open("w") as f:
-        for ids in prompts(args.prompts, args.prompt_len, args.vocab, seed=2):
+        for ids in prompt_rows(args, seed=2):
             f.write(json.dumps({"input_ids": ids}) + "\n")
     env = dict(os.environ)
     env["PYTHONPATH"] = args.client or str(state / "bundle" / "client")
@@ -376,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--prompt-len", type=int, default=32)
     s.add_argument("--max-new", type=int, default=64)
     s.add_argument("--output", default="agree.json")
+    s.add_argument("--prompt-file", help="JSONL of input_ids, or a bundle prompt set name")
     # Sized for one 10-minute step per concurrency: 40 prompts (bench wants >= 5 x the
     # concurrency) x 64 new tokens x 3 trials x 2 arms.
     s = sub.add_parser("bench")
@@ -385,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--concurrency", default="1")
     s.add_argument("--trials", type=int, default=3)
     s.add_argument("--output", default="bench")
+    s.add_argument("--prompt-file", help="JSONL of input_ids, or a bundle prompt set name")
     s.add_argument("--client", help="folder holding ddtree_cli (default: the bundle's)")
     s.add_argument("extra", nargs="*", help="more ddtree bench flags, after --")
     s = sub.add_parser("stop")

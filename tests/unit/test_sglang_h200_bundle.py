@@ -119,3 +119,39 @@ def test_slim_wheel_drops_members_and_their_record_lines(tmp_path):
         assert sorted(z.namelist()) == ["k-1.0.dist-info/RECORD", "k/__init__.py"]
         assert z.read("k-1.0.dist-info/RECORD").decode() == "k/__init__.py,sha256=a,6\n"
     assert slim.name == wheel.name
+
+
+def test_heldout_prompts_come_only_from_heldout_files(tmp_path):
+    from ddtree_cli.engine.train import is_heldout
+
+    names = [f"mod{i}.py" for i in range(200)]
+    held = [n for n in names if is_heldout(n)]
+    assert held and len(held) < len(names)  # the rule splits this set both ways
+    for name in names:
+        body = "".join(f"# {name} line {j}\n" for j in range(50))
+        (tmp_path / name).write_text(body)
+    rows = prepare.heldout_prompts(len(held) * 3, 40, root=tmp_path)
+    assert all(len(r) == 40 for r in rows)
+    texts = [bytes(r).decode() for r in rows]
+    assert {t.split()[1] for t in texts} == set(held)  # every held-out file, nothing else
+    assert all(t.startswith("# ") for t in texts)  # windows start at line starts
+    assert len(set(texts)) == len(texts)
+    with pytest.raises(SystemExit, match="held-out prompts"):
+        prepare.heldout_prompts(len(held) * 17, 40, root=tmp_path)
+
+
+def test_prompt_file_by_path_or_bundle_name(tmp_path):
+    rows = [[1, 2, 3], [4, 5], [6]]
+    named = tmp_path / "state" / "bundle" / "prompts" / "heldout.jsonl"
+    named.parent.mkdir(parents=True)
+    named.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows))
+    args = _args(tmp_path / "state", prompt_file="heldout", prompts=2, prompt_len=8, vocab=260)
+    assert run.prompt_rows(args, seed=1) == rows[:2]
+    args.prompt_file = str(named)
+    assert run.prompt_rows(args, seed=1) == rows[:2]
+    args.prompts = 4
+    with pytest.raises(SystemExit, match="3 prompts, 4 asked for"):
+        run.prompt_rows(args, seed=1)
+    args.prompt_file = None
+    random_rows = run.prompt_rows(args, seed=1)
+    assert len(random_rows) == 4 and all(len(r) == 8 and max(r) < 260 for r in random_rows)
