@@ -162,6 +162,9 @@ def server_cmd(state: Path, arm: str, ckpt: str, block: int | None, budget: int 
            "--page-size", "1", "--disable-overlap-schedule",
            "--mem-fraction-static", str(mem_fraction), "--cuda-graph-max-bs", str(max_bs),
            "--max-running-requests", str(max(max_bs, 8)), "--enable-metrics",
+           # SGLang draws a fresh seed at every start; one seed for all arms, so that
+           # `ddtree bench`'s confound guard sees servers equal but for the algorithm.
+           "--random-seed", "0",
            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     algorithm = ALGORITHMS[arm]
     if algorithm:

@@ -21,6 +21,12 @@ VOLATILE_KEYS = frozenset(
 # What legitimately differs between the arms of an algorithm A/B.
 ALGORITHM_KEYS = frozenset({"speculative_algorithm", "algo", "algorithm"})
 ALGORITHM_MARKERS = ("ddtree",)
+# Outcomes of the algorithm rather than settings: SGLang sizes its KV pool from the memory left
+# after the weights, the draft model and the algorithm's own buffers, so a DDTREE server gets
+# a smaller pool than a DFLASH one from identical flags (seen on an H200: 5,188,790 vs
+# 6,582,151 tokens at --mem-fraction-static 0.2). A smaller pool is part of what the
+# algorithm costs, so it is not held against the A/B.
+DERIVED_KEYS = frozenset({"max_total_num_tokens"})
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,9 @@ def _flatten(obj: Any, prefix: str, out: dict[str, Any]) -> None:
 
 def is_algorithm_key(key: str) -> bool:
     leaf = key.rsplit(".", 1)[-1]
-    return leaf in ALGORITHM_KEYS or any(m in leaf.lower() for m in ALGORITHM_MARKERS)
+    if leaf in ALGORITHM_KEYS or leaf in DERIVED_KEYS:
+        return True
+    return any(m in leaf.lower() for m in ALGORITHM_MARKERS)
 
 
 def compare(fingerprints: dict[str, dict[str, Any]]) -> list[Difference]:

@@ -21,9 +21,16 @@ def test_fingerprints_ignore_ports_times_counters_and_the_algorithm():
     b = fingerprint.fingerprint(_info(
         port=30001, startup_time=9.0, speculative_algorithm="DDTREE",
         speculative_ddtree_budget=15, internal_states=[{"avg_spec_accept_length": 5.0}],
-        dist_init_port=6000,
+        dist_init_port=6000, max_total_num_tokens=5188790,
     ))
     assert fingerprint.compare({"ddtree": b, "dflash": a}) == []
+    # The KV pool's size follows from the algorithm's memory, so it is not a confound ...
+    c = fingerprint.fingerprint(_info(max_total_num_tokens=6582151))
+    assert fingerprint.compare({"ddtree": b, "dflash": c}) == []
+    # ... but a seed is a setting: SGLang draws a new one at every start unless it is given.
+    d = fingerprint.fingerprint(_info(random_seed=288422691))
+    e = fingerprint.fingerprint(_info(random_seed=54744945, speculative_algorithm="DDTREE"))
+    assert [x.key for x in fingerprint.compare({"ddtree": e, "dflash": d})] == ["random_seed"]
 
 
 def test_fingerprints_show_every_other_difference_nested_or_missing():
