@@ -133,9 +133,14 @@ def run(args) -> dict:
                 if r["outputs"] != reference:
                     mismatches.append(f"{key} batch {batch}: output differs from AR")
                 runs[key].append(r)
+        replay = replay_ms(arms, batch, args.prompt_len) if graphs else {}
         for key, rs in runs.items():
             row = summary(key[0], batch, key[1], rs)
+            if key in replay:
+                row["verify_graph_ms"] = replay[key]
             row["timed_captures"] = len(arms[key]._graphs) - captured[key]
+            if arms[key].graph_error:
+                mismatches.append(f"{key} batch {batch}: graphs off: {arms[key].graph_error}")
             results.append(row)
     from ddtree_cli import draft_tree
 
@@ -159,6 +164,31 @@ def run(args) -> dict:
         "repeats": args.repeats,
         "results": results,
     }
+
+
+def replay_ms(arms: dict, batch: int, prompt_len: int) -> dict:
+    """GPU time of one replay of each arm's first verify graph (CUDA events, median of 30).
+
+    Run between decodes: the replays advance the rows' lengths and write past them, which
+    the next prefill overwrites; the lengths are reset before every replay.
+    """
+    out = {}
+    for key, engine in arms.items():
+        shapes = sorted(k for k in engine._graphs if k[0] == batch)
+        if not shapes:
+            continue
+        graph = engine._graphs[shapes[0]].graph
+        times = []
+        for _ in range(30):
+            engine.lens[:batch] = prompt_len
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        out[key] = statistics.median(times)
+    return out
 
 
 def profile_rounds(pair, device: torch.device, block_size: int, out: Path, graphs: bool) -> None:
@@ -237,8 +267,9 @@ def summary(algo, batch, scenario, runs) -> dict:
 
 def table(report: dict) -> str:
     rows = [
-        "| batch | drafter | algo | tokens/s | round (ms) | accept length | DDTree round / DFlash round |",
-        "|---:|---|---|---:|---:|---:|---:|",
+        "| batch | drafter | algo | tokens/s | round (ms) | accept length "
+        "| DDTree round / DFlash round | verify graph (ms) |",
+        "|---:|---|---|---:|---:|---:|---:|---:|",
     ]
     by_key = {(r["batch"], r["drafter"], r["algo"]): r for r in report["results"]}
     for r in report["results"]:
@@ -246,9 +277,10 @@ def table(report: dict) -> str:
         if r["algo"] == "ddtree":
             chain = by_key[(r["batch"], r["drafter"], "dflash")]
             ratio = f"{r['round_ms'] / chain['round_ms']:.3f}"
+        replay = f"{r['verify_graph_ms']:.3f}" if "verify_graph_ms" in r else ""
         rows.append(
             f"| {r['batch']} | {r['drafter']} | {r['algo']} | {r['tok_s']:.0f} | "
-            f"{r['round_ms']:.2f} | {r['accept_len']:.2f} | {ratio} |"
+            f"{r['round_ms']:.2f} | {r['accept_len']:.2f} | {ratio} | {replay} |"
         )
     return "\n".join(rows)
 

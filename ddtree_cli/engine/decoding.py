@@ -27,6 +27,7 @@ up to a multiple of ``span_bucket`` so that few shapes occur; masks hide the ext
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -37,6 +38,8 @@ import torch
 from ddtree_cli.engine.target import move_columns
 from ddtree_cli.engine.weights import ModelPair
 from ddtree_cli.errors import ConfigError
+
+log = logging.getLogger("ddtree.engine")
 
 DraftHook = Callable[[torch.Tensor, Seq["Sequence"]], torch.Tensor]
 
@@ -163,6 +166,7 @@ class Engine:
         # Graphs need few distinct key spans; eager rounds attend over the exact span.
         self.span_bucket = span_bucket or (256 if self.cuda_graphs else 1)
         self._graphs: dict[tuple[int, int], _Graph] = {}
+        self.graph_error: str | None = None
         self._graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
 
     # ---- admission -------------------------------------------------------------------
@@ -328,8 +332,14 @@ class Engine:
             result = self._verify(b, span, static_draft, False)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
-            static_result = self._verify(b, span, static_draft, False)
+        try:
+            with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
+                static_result = self._verify(b, span, static_draft, False)
+        except Exception as exc:  # keep serving, eagerly; say why once
+            self.cuda_graphs = False
+            self.graph_error = f"{type(exc).__name__}: {exc}"
+            log.warning("CUDA graph capture failed, running eagerly: %s", self.graph_error)
+            return result
         # Graphs share one memory pool; safe because they never run concurrently and each
         # result is read right after its own replay.
         self._graphs[(b, span)] = _Graph(graph, static_draft, static_result)
