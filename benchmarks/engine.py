@@ -8,6 +8,12 @@ same full blocks, so the difference in their round time is the tree's own overhe
 mask, walk, KV compaction. "noisy" puts the true token at rank 0/1/2 with probability
 0.6/0.3/0.1, where DDTree's siblings pay off.
 
+On CUDA every arm replays its verify phase from CUDA graphs (the engine's default; --eager
+turns them off for all arms alike). Every arm decodes the whole run once before timing, so
+the graphs of the shapes it meets are captured then; captures that still happen inside the
+timed runs are counted in the report. With graphs, the AR reference is also checked against
+an eager AR run.
+
     PYTHONPATH=. python benchmarks/engine.py --config small            # CPU
     PYTHONPATH=. python benchmarks/engine.py --config bench --device cuda  # ~100M target
 """
@@ -73,6 +79,8 @@ def decode(engine: Engine, prompts: list[list[int]], max_new: int) -> dict:
 
 def run(args) -> dict:
     device = torch.device(args.device)
+    graphs = device.type == "cuda" and not args.eager
+    mismatches = []
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # keep AR's reference exact for the oracle
         torch.backends.cudnn.allow_tf32 = False
@@ -92,9 +100,16 @@ def run(args) -> dict:
         prompts = [
             torch.randint(0, 256, (args.prompt_len,), generator=gen).tolist() for _ in range(batch)
         ]
-        ar = Engine(pair, "ar", max_batch=batch, context_len=context, device=device)
+        opts = {"max_batch": batch, "context_len": context, "device": device}
+        opts["cuda_graphs"] = graphs
+        ar = Engine(pair, "ar", **opts)
         decode(ar, prompts, 8)  # warm-up
         reference = decode(ar, prompts, args.max_new)["outputs"]
+        if graphs:
+            eager = Engine(pair, "ar", **{**opts, "cuda_graphs": False})
+            if decode(eager, prompts, args.max_new)["outputs"] != reference:
+                mismatches.append(f"ar (CUDA graphs) batch {batch}: differs from eager AR")
+            del eager
         refs = {tuple(p): out for p, out in zip(prompts, reference, strict=True)}
         arms = {("ar", None): ar}
         for scenario in args.scenarios:
@@ -104,24 +119,36 @@ def run(args) -> dict:
                     algo,
                     block_size=args.block_size,
                     budget=args.block_size - 1 if algo == "ddtree" else None,
-                    max_batch=batch,
-                    context_len=context,
-                    device=device,
+                    **opts,
                 )
                 engine.draft_hook = PeakedDraftHook(refs, SCENARIOS[scenario], seed=1)
-                decode(engine, prompts, 8)
+                decode(engine, prompts, args.max_new)  # warm-up; captures the graphs
                 arms[(algo, scenario)] = engine
+        captured = {key: len(engine._graphs) for key, engine in arms.items()}
         # Arms take turns within each repeat, so drift in the machine's load hits all alike.
         runs = {key: [] for key in arms}
         for _ in range(args.repeats):
             for key, engine in arms.items():
                 r = decode(engine, prompts, args.max_new)
                 if r["outputs"] != reference:
-                    raise SystemExit(f"{key} batch {batch}: output differs from AR")
+                    mismatches.append(f"{key} batch {batch}: output differs from AR")
                 runs[key].append(r)
-        for (algo, scenario), rs in runs.items():
-            results.append(summary(algo, batch, scenario, rs))
+        replay = replay_ms(arms, batch, args.prompt_len) if graphs else {}
+        for key, rs in runs.items():
+            row = summary(key[0], batch, key[1], rs)
+            if key in replay:
+                row["verify_graph_ms"] = replay[key]
+            row["timed_captures"] = len(arms[key]._graphs) - captured[key]
+            if arms[key].graph_error:
+                mismatches.append(f"{key} batch {batch}: graphs off: {arms[key].graph_error}")
+            results.append(row)
+    from ddtree_cli import draft_tree
+
+    probe = torch.zeros(1, device=device)
     return {
+        "mismatches": mismatches,
+        "cuda_graphs": graphs,
+        "draft_tree_path": "triton" if draft_tree._want_triton(probe, None) else "torch",
         "tree_ops_ms": tree_ops(device, vocab, args.block_size - 1, args.block_size - 1),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "device": torch.cuda.get_device_name(device)
@@ -139,12 +166,38 @@ def run(args) -> dict:
     }
 
 
-def profile_rounds(pair, device: torch.device, block_size: int, out: Path) -> None:
+def replay_ms(arms: dict, batch: int, prompt_len: int) -> dict:
+    """GPU time of one replay of each arm's first verify graph (CUDA events, median of 30).
+
+    Run between decodes: the replays advance the rows' lengths and write past them, which
+    the next prefill overwrites; the lengths are reset before every replay.
+    """
+    out = {}
+    for key, engine in arms.items():
+        shapes = sorted(k for k in engine._graphs if k[0] == batch)
+        if not shapes:
+            continue
+        graph = engine._graphs[shapes[0]].graph
+        times = []
+        for _ in range(30):
+            engine.lens[:batch] = prompt_len
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        out[key] = statistics.median(times)
+    return out
+
+
+def profile_rounds(pair, device: torch.device, block_size: int, out: Path, graphs: bool) -> None:
     """torch.profiler tables of one batch-1 round of each speculative arm (for --profile)."""
     from torch.profiler import ProfilerActivity, profile
 
     prompt = list(range(64))
-    ar = Engine(pair, "ar", max_batch=1, context_len=512, device=device)
+    graphs = graphs and device.type == "cuda"
+    ar = Engine(pair, "ar", max_batch=1, context_len=512, device=device, cuda_graphs=graphs)
     refs = {tuple(prompt): decode(ar, [prompt], 200)["outputs"][0]}
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sort_by = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
@@ -158,6 +211,7 @@ def profile_rounds(pair, device: torch.device, block_size: int, out: Path) -> No
             max_batch=1,
             context_len=512,
             device=device,
+            cuda_graphs=graphs,
         )
         engine.draft_hook = PeakedDraftHook(refs, SCENARIOS["peaked"], seed=1)
         engine.add(Sequence(prompt, 200))
@@ -213,8 +267,9 @@ def summary(algo, batch, scenario, runs) -> dict:
 
 def table(report: dict) -> str:
     rows = [
-        "| batch | drafter | algo | tokens/s | round (ms) | accept length | DDTree round / DFlash round |",
-        "|---:|---|---|---:|---:|---:|---:|",
+        "| batch | drafter | algo | tokens/s | round (ms) | accept length "
+        "| DDTree round / DFlash round | verify graph (ms) |",
+        "|---:|---|---|---:|---:|---:|---:|---:|",
     ]
     by_key = {(r["batch"], r["drafter"], r["algo"]): r for r in report["results"]}
     for r in report["results"]:
@@ -222,9 +277,10 @@ def table(report: dict) -> str:
         if r["algo"] == "ddtree":
             chain = by_key[(r["batch"], r["drafter"], "dflash")]
             ratio = f"{r['round_ms'] / chain['round_ms']:.3f}"
+        replay = f"{r['verify_graph_ms']:.3f}" if "verify_graph_ms" in r else ""
         rows.append(
             f"| {r['batch']} | {r['drafter']} | {r['algo']} | {r['tok_s']:.0f} | "
-            f"{r['round_ms']:.2f} | {r['accept_len']:.2f} | {ratio} |"
+            f"{r['round_ms']:.2f} | {r['accept_len']:.2f} | {ratio} | {replay} |"
         )
     return "\n".join(rows)
 
@@ -242,6 +298,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="CPU threads (0: torch default)")
     p.add_argument("--out", type=Path)
     p.add_argument("--profile", type=Path, help="also write per-op profiles of one round here")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (all arms alike)")
     args = p.parse_args()
     report = run(args)
     if args.profile:
@@ -253,12 +310,15 @@ def main() -> None:
             torch.device(args.device),
             args.block_size,
             args.profile,
+            not args.eager,
         )
     text = json.dumps(report, indent=2)
     if args.out:
         args.out.write_text(text)
     print(text)
     print(table(report))
+    if report["mismatches"]:
+        raise SystemExit("outputs differ from AR: " + "; ".join(report["mismatches"]))
 
 
 if __name__ == "__main__":

@@ -15,10 +15,19 @@ A round (one target forward for the whole batch):
 At temperature > 0 every verified position gets an independent sample from the target and
 a draft is accepted only when it equals that sample, which keeps the output distribution
 the target's own.
+
+Everything after the drafter (the tree or chain, the verify forward, the walk, the KV
+compaction, the drafter-context update, the new lengths and roots) stays on the device; the
+round's one host synchronisation reads back the accept lengths and committed tokens, and
+stop tokens and length limits are then applied on the host. On CUDA that verify phase is
+captured once per (batch, span bucket) as a CUDA graph and replayed (greedy rounds; a
+round with a sampled row runs eagerly), for every algorithm alike. The key span is rounded
+up to a multiple of ``span_bucket`` so that few shapes occur; masks hide the extra columns.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -26,9 +35,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ddtree_cli.engine.target import compact_block
+from ddtree_cli.engine.target import move_columns
 from ddtree_cli.engine.weights import ModelPair
 from ddtree_cli.errors import ConfigError
+
+log = logging.getLogger("ddtree.engine")
 
 DraftHook = Callable[[torch.Tensor, Seq["Sequence"]], torch.Tensor]
 
@@ -88,6 +99,8 @@ class Engine:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
+        cuda_graphs: bool | None = None,
+        span_bucket: int | None = None,
     ):
         if algo not in ("ar", "dflash", "ddtree"):
             raise ConfigError(f"unknown algorithm {algo!r}", hint="use ar, dflash or ddtree")
@@ -133,11 +146,28 @@ class Engine:
         self.total_rounds = 0
         self.total_accepted = 0
         self.mask_id = pair.drafter.config.mask_token_id
-        self._arange = torch.arange(self.capacity, device=self.device)
+        self._arange = torch.arange(self.capacity + 1, device=self.device)
+        self._rows = torch.arange(max_batch, device=self.device).unsqueeze(1)
         if algo == "ddtree":
             from ddtree_cli import draft_tree
 
             self._tree = draft_tree
+            # The ancestor mask is one gather from [visible | visibility | hidden].
+            n = self.width
+            self._mask_edges = (
+                torch.ones(max_batch, n, 1, dtype=torch.bool, device=self.device),
+                torch.zeros(max_batch, n, 1, dtype=torch.bool, device=self.device),
+            )
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and self.device.type != "cuda":
+            raise ConfigError("CUDA graphs need a CUDA device", hint="drop cuda_graphs")
+        if span_bucket is not None and span_bucket < 1:
+            raise ConfigError(f"span bucket {span_bucket} must be at least 1")
+        # Graphs need few distinct key spans; eager rounds attend over the exact span.
+        self.span_bucket = span_bucket or (256 if self.cuda_graphs else 1)
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self.graph_error: str | None = None
+        self._graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
 
     # ---- admission -------------------------------------------------------------------
 
@@ -202,75 +232,127 @@ class Engine:
         b = len(self.seqs)
         if b == 0:
             return []
-        lens, roots, temps = self.lens[:b], self.roots[:b], self.temps[:b]
         sampling = any(s.temperature > 0 for s in self.seqs)
-        span = max(len(s.prompt) + len(s.output) - 1 for s in self.seqs) + self.width
+        # Cache length of the longest row (its root is not in the cache yet).
+        longest = max(len(s.prompt) + len(s.output) for s in self.seqs) - 1
+        draft = self._draft_logits(b, longest) if self.algo != "ar" else None
+        span = min(self.capacity, -(-(longest + self.width) // self.span_bucket) * self.span_bucket)
+        if self.cuda_graphs and not sampling:
+            result = self._replay(b, span, draft)
+        else:
+            result = self._verify(b, span, draft, sampling)
+        # The round's single host synchronisation.
+        return self._commit(result.tolist())
+
+    def _verify(self, b: int, span: int, draft: torch.Tensor | None, sampling: bool):
+        """Verify, accept, compact and advance rows 0..b-1 without leaving the device.
+
+        Attends over cache columns ``< span``. Returns [b, 1 + W]: each row's accept length
+        (tokens committed this round), then the committed tokens (only that many are valid).
+        Reads and writes only tensors that live as long as the engine, so it can be captured.
+        """
+        lens, roots, temps = self.lens[:b], self.roots[:b], self.temps[:b]
         cache = self.cache[:, :, :b]
         if self.algo == "ar":
-            ids = roots.unsqueeze(1)
             pos = lens.unsqueeze(1)
             mask = (self._arange[:span] <= pos.unsqueeze(-1)).unsqueeze(1)
-            hidden, _ = self.target(ids, pos, cache, pos, mask)
+            hidden, _ = self.target(roots.unsqueeze(1), pos, cache, pos, mask)
             committed = self._choose(self.target.logits(hidden), temps, sampling)
-            accept_len = torch.ones(b, dtype=torch.long, device=self.device)
+            accept_len = torch.ones_like(lens)
+            bonus = committed[:, 0]
         elif self.algo == "dflash":
-            draft = self._draft_logits(b).argmax(-1)
-            ids = torch.cat([roots.unsqueeze(1), draft], dim=1)
+            chain = draft.argmax(-1)
+            ids = torch.cat([roots.unsqueeze(1), chain], dim=1)
             pos = lens.unsqueeze(1) + self._arange[: self.block_size]
             mask = (self._arange[:span] <= pos.unsqueeze(-1)).unsqueeze(1)
             hidden, feats = self.target(ids, pos, cache, pos, mask, self.feature_layers)
             committed = self._choose(self.target.logits(hidden), temps, sampling)
-            matched = (draft == committed[:, :-1]).long().cumprod(dim=1)
+            matched = (chain == committed[:, :-1]).long().cumprod(dim=1)
             accept_len = 1 + matched.sum(dim=1)
+            bonus = committed.gather(1, (accept_len - 1).unsqueeze(1)).squeeze(1)
             self.drafter.write_context(self.draft_cache[:, :, :b], feats, pos, pos)
         else:
-            committed, accept_len = self._tree_round(b, cache, span, temps, sampling)
+            committed, accept_len, bonus = self._verify_tree(b, span, draft, sampling)
         self.lens[:b] += accept_len
-        self.roots[:b] = committed.gather(1, (accept_len - 1).unsqueeze(1)).squeeze(1)
-        # The round's single host synchronisation.
-        host = torch.cat([accept_len.unsqueeze(1), committed], dim=1).tolist()
-        return self._commit(host)
+        self.roots[:b] = bonus
+        return torch.cat([accept_len.unsqueeze(1), committed], dim=1)
 
-    def _tree_round(self, b, cache, span, temps, sampling):
-        t = self._tree
-        lens, roots = self.lens[:b], self.roots[:b]
-        tree = t.build_tree(self._draft_logits(b), self.budget)
+    def _verify_tree(self, b, span, draft, sampling):
+        lens, roots, temps = self.lens[:b], self.roots[:b], self.temps[:b]
+        tree = self._tree.build_tree(draft, self.budget)
         # verify_inputs() also builds SGLang's flat FULL_MASK and retrieve_* arrays, which
         # this engine does not need: its mask is the visibility block placed after each
-        # row's prefix, built below without a host synchronisation.
+        # row's prefix.
+        n = self.width
         input_ids = torch.cat([roots.unsqueeze(1), tree.tokens], dim=1)
         positions = lens.unsqueeze(1) + tree.depths
-        n = input_ids.shape[1]
         write = lens.unsqueeze(1) + self._arange[:n]
-        col = self._arange[:span].unsqueeze(0) - lens.unsqueeze(1)  # [b, span]
-        in_block = (col >= 0) & (col < n)
-        idx = col.clamp(0, n - 1).unsqueeze(1).expand(b, n, span)
-        mask = (tree.visibility.gather(2, idx) & in_block.unsqueeze(1)) | (col < 0).unsqueeze(1)
+        # Cache column c of a row is its prefix (c < len: visible), tree node c - len, or
+        # past the block (hidden): index [visible | visibility | hidden] by c - len + 1.
+        visible, hidden_col = self._mask_edges
+        extended = torch.cat([visible[:b], tree.visibility, hidden_col[:b]], dim=2)
+        col = (self._arange[1 : span + 1] - lens.unsqueeze(1)).clamp_(0, n + 1)
+        mask = extended.gather(2, col.unsqueeze(1).expand(b, n, span))
+        cache = self.cache[:, :, :b]
         hidden, feats = self.target(
-            input_ids,
-            positions,
-            cache,
-            write,
-            mask.unsqueeze(1),
-            self.feature_layers,
+            input_ids, positions, cache, write, mask.unsqueeze(1), self.feature_layers
         )
         target_tokens = self._choose(self.target.logits(hidden), temps, sampling)
-        walk = t.verify_walk(tree, target_tokens)
-        path = walk.accepted.clamp(min=0)
+        walk = self._tree.verify_walk(tree, target_tokens)
+        # A path holds at most n nodes, so columns past n of ``accepted`` are always -1.
+        depth = min(walk.accepted.shape[1], n)
+        path = walk.accepted[:, :depth].clamp(min=0)
         committed = target_tokens.gather(1, path)
-        compact_block(cache, lens, walk.accepted)
+        dst = write[:, :depth]
+        # Entries past a row's accept length land beyond its new length: never attended.
+        move_columns(self.cache, self._rows[:b], lens.unsqueeze(1) + path, dst)
         path_feats = feats.gather(1, path.unsqueeze(-1).expand(-1, -1, feats.shape[-1]))
-        path_pos = lens.unsqueeze(1) + self._arange[: path.shape[1]]
-        self.drafter.write_context(self.draft_cache[:, :, :b], path_feats, path_pos, path_pos)
-        return committed, walk.accept_len
+        self.drafter.write_context(self.draft_cache[:, :, :b], path_feats, dst, dst)
+        return committed, walk.accept_len, walk.bonus
 
-    def _draft_logits(self, b: int) -> torch.Tensor:
+    # ---- CUDA graphs -----------------------------------------------------------------
+
+    def _replay(self, b: int, span: int, draft: torch.Tensor | None) -> torch.Tensor:
+        graph = self._graphs.get((b, span))
+        if graph is None:
+            return self._capture(b, span, draft)
+        if draft is not None:
+            graph.draft.copy_(draft)
+        graph.graph.replay()
+        return graph.result
+
+    def _capture(self, b: int, span: int, draft: torch.Tensor | None) -> torch.Tensor:
+        """Run this round eagerly on a side stream (the capture's warm-up: lazy inits, Triton
+        compilation), then capture the same work as a graph for the later rounds."""
+        static_draft = draft.clone() if draft is not None else None
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            result = self._verify(b, span, static_draft, False)
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
+                static_result = self._verify(b, span, static_draft, False)
+        except Exception as exc:  # keep serving, eagerly; say why once
+            self.cuda_graphs = False
+            self.graph_error = f"{type(exc).__name__}: {exc}"
+            log.warning("CUDA graph capture failed, running eagerly: %s", self.graph_error)
+            return result
+        # Graphs share one memory pool; safe because they never run concurrently and each
+        # result is read right after its own replay.
+        self._graphs[(b, span)] = _Graph(graph, static_draft, static_result)
+        return result
+
+    def _draft_logits(self, b: int, longest: int) -> torch.Tensor:
         lens, roots = self.lens[:b], self.roots[:b]
         block = torch.full((b, self.block_size), self.mask_id, dtype=torch.long, device=self.device)
         block[:, 0] = roots
         pos = lens.unsqueeze(1) + self._arange[: self.block_size]
-        span = max(len(s.prompt) + len(s.output) - 1 for s in self.seqs)
-        hidden = self.drafter(self.target.embed(block), pos, self.draft_cache[:, :, :b], lens, span)
+        hidden = self.drafter(
+            self.target.embed(block), pos, self.draft_cache[:, :, :b], lens, longest
+        )
         logits = self.target.logits(hidden[:, 1:])
         if self.draft_hook is not None:
             logits = self.draft_hook(logits, self.seqs)
@@ -327,6 +409,13 @@ class Engine:
                 buf[row] = buf[last]
             self.seqs[row] = moved
         self.seqs.pop()
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    draft: torch.Tensor | None  # the captured input: this round's draft logits go here
+    result: torch.Tensor  # [b, 1 + W], rewritten by every replay
 
 
 def generate(

@@ -102,5 +102,14 @@ def compact_block(cache: torch.Tensor, base: torch.Tensor, accepted: torch.Tenso
     rows = torch.arange(b, device=cache.device).unsqueeze(1)
     src = base.unsqueeze(1) + accepted.clamp(min=0)
     dst = base.unsqueeze(1) + torch.arange(width, device=cache.device)
-    view = cache[:, :, :b]
+    move_columns(cache, rows, src, dst)
+
+
+def move_columns(cache: torch.Tensor, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor):
+    """``cache[..., rows, dst] = cache[..., rows, src]`` over all layers, K and V, in place.
+
+    rows [b, 1] (cache rows 0..b-1), src/dst [b, P] cache indices; every source is gathered
+    before anything is written, so overlapping source and target columns are safe.
+    """
+    view = cache[:, :, : rows.shape[0]]
     view[:, :, rows, dst] = view[:, :, rows, src]

@@ -17,6 +17,7 @@ import pytest
 
 from ddtree_cli.engine.decoding import Engine, Sequence, generate
 from ddtree_cli.engine.oracle import PeakedDraftHook
+from ddtree_cli.errors import ConfigError
 from tests.unit.engine.helpers import ar_outputs, tiny_pair
 
 MAX_NEW = 48
@@ -110,3 +111,41 @@ def test_greedy_rows_stay_exact_next_to_sampled_rows():
         assert len(s.output) == MAX_NEW
         if i % 2:
             assert s.output == REFERENCE[i]
+
+
+@pytest.mark.parametrize("span_bucket", [7, 64])
+@pytest.mark.parametrize(
+    ("algo", "batch", "block", "budget", "probs"),
+    [
+        ("ar", 3, 16, None, None),
+        ("dflash", 4, 16, None, (0.7, 0.2, 0.1)),
+        ("ddtree", 4, 16, 15, (1.0, 0.0, 0.0)),
+        ("ddtree", 5, 8, 30, (0.5, 0.35, 0.15)),
+        ("ddtree", 3, 16, 4, (0.7, 0.2, 0.1)),
+    ],
+)
+def test_padded_key_span_equals_ar(span_bucket, algo, batch, block, budget, probs):
+    # CUDA graphs replay a verify pass whose key span is rounded up to a bucket; the masks
+    # must hide the extra cache columns (stale K/V from longer rows and compacted paths).
+    engine = Engine(
+        PAIR,
+        algo,
+        block_size=block,
+        budget=budget,
+        max_batch=batch,
+        context_len=256,
+        span_bucket=span_bucket,
+    )
+    if probs is not None:
+        engine.draft_hook = PeakedDraftHook(REFS, probs, seed=batch)
+    seqs = generate(engine, PROMPTS, MAX_NEW)
+    assert [s.output for s in seqs] == REFERENCE
+    if probs is not None and probs[0] >= 0.7:
+        assert sum(s.correct_drafts for s in seqs) > len(seqs)
+
+
+def test_cuda_graphs_need_cuda():
+    with pytest.raises(ConfigError, match="CUDA graphs"):
+        Engine(PAIR, "ddtree", max_batch=1, context_len=64, cuda_graphs=True)
+    with pytest.raises(ConfigError, match="span bucket"):
+        Engine(PAIR, "dflash", max_batch=1, context_len=64, span_bucket=0)
