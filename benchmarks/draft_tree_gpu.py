@@ -338,8 +338,8 @@ def main() -> int:
 
 def tune(args, dev, gen) -> None:
     """Pick each warp divisor by the summed graph time of its stage at the target cells."""
-    choices = {"select_div": (2048, 1024, 512, 256), "tree_div": (1024, 512, 256),
-               "row_div": (128, 64, 32)}  # fmt: skip
+    choices = {"select_div": (512, 256), "tree_div": (256, 128),
+               "row_div": (64,)}  # fmt: skip
     cells = []
     for b in (1, 32):
         budget = 64

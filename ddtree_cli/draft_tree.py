@@ -627,7 +627,7 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 # first use only.
 
 # Warps per program = clamp(widest tensor // divisor): the benchmark's --tune measures them.
-_TUNING: dict[str, int] = {"tree_div": 1024, "select_div": 512, "row_div": 128}
+_TUNING: dict[str, int] = {"tree_div": 256, "select_div": 256, "row_div": 64}
 
 
 def _warps(widest: int, divisor: int, most: int = 8) -> int:
@@ -717,11 +717,37 @@ def _kernels():
         tl.store(psum + row * n_prog + p, tl.sum(tl.exp(x - safe)))
 
     @triton.jit
+    def _tt_top_above(keys, tau, scratch, KP: tl.constexpr, CAP: tl.constexpr):
+        # The top KP of `keys` (1-D, -1 = none), knowing that at least KP of them have a value
+        # >= tau: only those can be in it. They are usually few, so they are compacted into
+        # `scratch` and sorted there (CAP wide); when more than CAP pass, sort all of them.
+        keep = (keys >= 0) & (_tt_value(keys) >= tau)
+        n_keep = tl.sum(keep.to(tl.int32), 0)
+        dst = tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(scratch + dst, keys, mask=keep & (dst < CAP))
+        tl.debug_barrier()
+        slots = tl.arange(0, CAP)
+        few = tl.load(scratch + slots, mask=slots < n_keep, other=-1)
+        if n_keep > CAP:  # noqa: SIM108 - a branch on the device, not a ternary
+            top = tl.topk(keys, KP)
+        else:
+            top = tl.topk(few, KP)
+        return top
+
+    @triton.jit
+    def _tt_floor_value(top):
+        # The smallest value in a sorted top-KP, -inf when it is not full.
+        last = tl.min(top, 0)
+        return tl.where(last >= 0, _tt_value(last), float("-inf"))
+
+    globals().update(_tt_top_above=_tt_top_above, _tt_floor_value=_tt_floor_value)
+
+    @triton.jit
     def vocab_select(
         logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
-        lp_out, ids_out, k, floor,
+        lp_out, ids_out, k, floor, scratch,
         CH: tl.constexpr, CPG: tl.constexpr, GP: tl.constexpr, KP: tl.constexpr,
-        PP: tl.constexpr,
+        PP: tl.constexpr, CAP: tl.constexpr,
     ):  # fmt: skip
         # Exact top KP of a row in three narrowing steps. The KP blocks with the largest
         # maxima hold KP elements >= the KP-th largest maximum and every element above it, so
@@ -741,13 +767,14 @@ def _kernels():
         c_ok = g_ok[:, None] & (cc < n_chunks)
         cv = tl.load(cmax + row * n_chunks + cc, mask=c_ok, other=float("-inf"))
         ckeys = tl.reshape(tl.where(c_ok, _tt_pack(cv, cc), -1), [KP * CPG])
-        ctop = tl.topk(ckeys, KP)
+        scr = scratch + row.to(tl.int64) * (2 * CAP)
+        ctop = _tt_top_above(ckeys, _tt_floor_value(gtop), scr, KP, CAP)
         ch_ok = ctop >= 0
         ee = tl.where(ch_ok, _tt_index(ctop), 0)[:, None] * CH + tl.arange(0, CH)[None, :]
         e_ok = ch_ok[:, None] & (ee < vocab)
         x = tl.load(logits + row.to(tl.int64) * stride + ee, mask=e_ok, other=float("-inf"))
         ekeys = tl.reshape(tl.where(e_ok, _tt_pack(x.to(tl.float32), ee), -1), [KP * CH])
-        top = tl.topk(ekeys, KP)
+        top = _tt_top_above(ekeys, _tt_floor_value(ctop), scr + CAP, KP, CAP)
         kk = tl.arange(0, KP)
         km = kk < k
         lp = tl.maximum(_tt_value(top) - lse, floor)
@@ -969,6 +996,7 @@ def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]
     psum = torch.empty((rows, n_prog), dtype=torch.float32, device=dev)
     lp = torch.empty((b, n_pos, k), dtype=torch.float32, device=dev)
     ids = torch.empty((b, n_pos, k), dtype=torch.int64, device=dev)
+    scratch = torch.empty((rows, 4 * kp), dtype=torch.int64, device=dev)
     kern = _kernels()
     kern["vocab_stats"][(rows, n_prog)](
         x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
@@ -977,8 +1005,8 @@ def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]
     warps = _warps(kp * max(_CH, _CPG), _TUNING["select_div"])
     kern["vocab_select"][(rows,)](
         x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
-        lp, ids, k, LOGPROB_FLOOR,
-        CH=_CH, CPG=_CPG, GP=max(_pow2(n_groups), kp), KP=kp, PP=_pow2(n_prog),
+        lp, ids, k, LOGPROB_FLOOR, scratch,
+        CH=_CH, CPG=_CPG, GP=max(_pow2(n_groups), kp), KP=kp, PP=_pow2(n_prog), CAP=2 * kp,
         num_warps=warps,
     )  # fmt: skip
     return lp, ids
