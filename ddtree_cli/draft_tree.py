@@ -985,7 +985,7 @@ def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]
     if x.stride(-1) != 1:
         x = x.contiguous()
     rows = b * n_pos
-    kp = _pow2(k)
+    kp = max(2, _pow2(k))  # tl.topk needs k >= 2
     n_chunks = -(-vocab // _CH)
     n_groups = -(-n_chunks // _CPG)
     n_prog = -(-n_groups // _GPP)
@@ -1038,14 +1038,15 @@ def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
     scores = torch.empty((b, n), dtype=torch.float32, device=dev)
     num_nodes = torch.empty((b,), dtype=torch.int64, device=dev)
     vis = torch.empty((b, n, n), dtype=torch.bool, device=dev)
-    cp = _pow2(cand.numel())
-    lbp = _pow2(n_pos * budget)
+    bp = max(2, _pow2(budget))  # tl.topk needs k >= 2
+    cp = max(bp, _pow2(cand.numel()))
+    lbp = max(bp, _pow2(n_pos * budget))
     # One request is one latency-bound program: few warps keep the sorts inside a warp.
     warps = _warps(max(cp, lbp), _TUNING["tree_div"])
     _kernels()["tree"][(b,)](
         lp, ids, k, cand, n_cand, s_buf, c_buf,
         tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8),
-        n_pos=n_pos, budget=budget, BP=_pow2(budget), CP=cp, LBP=lbp, LP=_pow2(n_pos),
+        n_pos=n_pos, budget=budget, BP=bp, CP=cp, LBP=lbp, LP=_pow2(n_pos),
         NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), num_warps=warps,
     )  # fmt: skip
     return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)
