@@ -627,7 +627,7 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 # first use only.
 
 # Warps per program = clamp(widest tensor // divisor): the benchmark's --tune measures them.
-_TUNING: dict[str, int] = {"tree_div": 256, "select_div": 256, "row_div": 64}
+_TUNING: dict[str, int] = {"tree_div": 128, "select_div": 512, "row_div": 64}
 
 
 def _warps(widest: int, divisor: int, most: int = 8) -> int:
