@@ -184,29 +184,42 @@ def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel
     assert torch.allclose(lp_t, lp_p, atol=1e-5), "top-K log-probs"
     # Equal bf16 logits may come in another order; the values at the ids must agree.
     assert torch.equal(logits.gather(-1, ids_t), logits.gather(-1, ids_p)), "top-K ids"
-    # A candidate list too small for the row forces the exact full-scan fallback.
-    lp_o, ids_o = dt._triton_topk_logprobs(logits, budget, capacity=max(1, budget // 2))
-    assert torch.equal(lp_o, lp_t) and torch.equal(ids_o, ids_t), "overflow fallback"
-    tt = dt.build_tree_from_topk(lp_p, ids_p, budget, use_triton=True)
+    # Heavy ties (integer logits: thousands of equal values per row) and a constant row.
+    tied = logits.float().round()
+    tied[0, 0] = 0.0
+    tied = tied.to(logits.dtype)
+    lp_tt, ids_tt = dt._triton_topk_logprobs(tied, budget)
+    lp_tp, ids_tp = dt.topk_logprobs(tied, budget)
+    assert torch.allclose(lp_tt, lp_tp, atol=1e-5), "tied top-K log-probs"
+    assert torch.equal(tied.gather(-1, ids_tt), tied.gather(-1, ids_tp)), "tied top-K ids"
+    assert all(len(set(r)) == len(r) for r in ids_tt.reshape(-1, ids_tt.shape[-1]).tolist())
+    for lp, ids in ((lp_p, ids_p), (lp_tp, ids_tp)):
+        tt = dt.build_tree_from_topk(lp, ids, budget, use_triton=True)
+        tp = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
+        for name in ("tokens", "parents", "depths", "visibility", "num_nodes", "scores"):
+            assert torch.equal(getattr(tt, name), getattr(tp, name)), name
     tp = dt.build_tree_from_topk(lp_p, ids_p, budget, use_triton=False)
-    for name in ("tokens", "parents", "depths", "visibility", "num_nodes", "scores"):
-        assert torch.equal(getattr(tt, name), getattr(tp, name)), name
-    vt = dt.verify_inputs(tp, roots, prefix, mask_numel=mask_numel, use_triton=True)
-    vp = dt.verify_inputs(tp, roots, prefix, mask_numel=mask_numel, use_triton=False)
-    for name in (
-        "input_ids",
-        "positions",
-        "tree_mask",
-        "mask_indptr",
-        "retrieve_index",
-        "retrieve_next_token",
-        "retrieve_next_sibling",
-    ):
-        assert torch.equal(getattr(vt, name), getattr(vp, name)), name
+    for numel in (mask_numel, mask_numel + 4099):  # exact, and a larger static buffer
+        vt = dt.verify_inputs(tp, roots, prefix, mask_numel=numel, use_triton=True)
+        vp = dt.verify_inputs(tp, roots, prefix, mask_numel=numel, use_triton=False)
+        for name in (
+            "input_ids",
+            "positions",
+            "tree_mask",
+            "mask_indptr",
+            "retrieve_index",
+            "retrieve_next_token",
+            "retrieve_next_sibling",
+        ):
+            assert torch.equal(getattr(vt, name), getattr(vp, name)), name
     wt = dt.verify_walk(tp, target, use_triton=True)
     wp = dt.verify_walk(tp, target, use_triton=False)
     for name in ("accepted", "accept_len", "bonus"):
         assert torch.equal(getattr(wt, name), getattr(wp, name)), name
+    ct = dt.compaction_indices(wt, budget + 1)
+    cp = dt.compaction_indices(wp, budget + 1)
+    for name in ("src_slots", "src_rows", "keep"):
+        assert torch.equal(getattr(ct, name), getattr(cp, name)), name
 
 
 def following_targets(tree: dt.DraftTree, vocab: int, gen: torch.Generator) -> torch.Tensor:
@@ -237,7 +250,17 @@ def main() -> int:
     ap.add_argument("--ref-iters", type=int, default=5)
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--breakdown", action="store_true", help="time each stage alone (graph)")
+    ap.add_argument("--breakdown", action="store_true", help="then time each stage alone (graph)")
+    ap.add_argument("--breakdown-batches", default="1,32")
+    ap.add_argument("--breakdown-budgets", default="16,64,256")
+    ap.add_argument("--breakdown-paths", default="torch,triton")
+    ap.add_argument(
+        "--tune",
+        action="store_true",
+        help="first pick the kernels' warp divisors at batch 1 and 32, budget 64 (graph)",
+    )
+    for key, default in dt._TUNING.items():
+        ap.add_argument("--" + key.replace("_", "-"), type=int, default=default)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -247,9 +270,12 @@ def main() -> int:
     triton_ok = not args.no_triton and dt._triton_importable()
     rows = []
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton={triton_ok}")
-    if args.breakdown:
-        return breakdown(args, dev, gen, triton_ok)
-    for b in [int(x) for x in args.batches.split(",")]:
+    for key in dt._TUNING:
+        dt._TUNING[key] = getattr(args, key)
+    if args.tune and triton_ok:
+        tune(args, dev, gen)
+    print(f"# tuning {json.dumps(dt._TUNING)}", flush=True)
+    for b in [int(x) for x in args.batches.split(",") if x]:
         for budget in [int(x) for x in args.budgets.split(",")]:
             shape = (b, args.positions, args.vocab)
             logits = (torch.randn(shape, generator=gen) * 2.0).to(dev, torch.bfloat16)
@@ -271,6 +297,8 @@ def main() -> int:
                     row["triton_checked"] = True
                 except AssertionError as exc:
                     row["triton_checked"] = f"MISMATCH: {exc}"
+                except Exception as exc:  # e.g. a kernel that does not compile: keep going
+                    row["triton_checked"] = f"ERROR: {exc!r}"[:2000]
             row["reference_us"] = time_reference(
                 logits, budget, roots, prefix, target, args.ref_iters
             )
@@ -290,25 +318,78 @@ def main() -> int:
             row["target_met"] = None if target_us is None else best <= target_us
             rows.append(row)
             print(json.dumps(row), flush=True)
-    if args.json:
-        meta = {
-            "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
-            "triton": triton_ok,
-            "positions": args.positions,
-            "vocab": args.vocab,
-            "prefix": args.prefix,
-        }
-        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print_table(rows)
+            if args.json:  # after every row: a run cut short keeps what it measured
+                meta = {
+                    "device": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "triton": triton_ok,
+                    "tuning": dict(dt._TUNING),
+                    "positions": args.positions,
+                    "vocab": args.vocab,
+                    "prefix": args.prefix,
+                }
+                args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    if rows:
+        print_table(rows)
+    if args.breakdown:
+        breakdown(args, dev, gen, triton_ok)
     return 0
+
+
+def tune(args, dev, gen) -> None:
+    """Pick each warp divisor by the summed graph time of its stage at the target cells."""
+    choices = {"select_div": (512, 256), "tree_div": (256, 128),
+               "row_div": (64,)}  # fmt: skip
+    cells = []
+    for b in (1, 32):
+        budget = 64
+        shape = (b, args.positions, args.vocab)
+        logits = (torch.randn(shape, generator=gen) * 2.0).to(dev, torch.bfloat16)
+        roots = torch.randint(0, args.vocab, (b,), generator=gen).to(dev)
+        prefix = torch.full((b,), args.prefix, dtype=torch.int64, device=dev)
+        n = budget + 1
+        numel = b * n * (args.prefix + n)
+        lp, ids = dt.topk_logprobs(logits, budget)
+        tree = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
+        target = following_targets(tree, args.vocab, gen)
+        cells.append((logits, budget, lp, ids, tree, roots, prefix, numel, target))
+
+    def stage_fns(key, cell):
+        logits, budget, lp, ids, tree, roots, prefix, numel, target = cell
+        if key == "select_div":
+            return [lambda: dt._triton_topk_logprobs(logits, budget)]
+        if key == "tree_div":
+            return [lambda: dt.build_tree_from_topk(lp, ids, budget, use_triton=True)]
+        return [
+            lambda: dt.verify_inputs(tree, roots, prefix, mask_numel=numel, use_triton=True),
+            lambda: dt.verify_walk(tree, target, use_triton=True),
+        ]
+
+    for key, options in choices.items():
+        results = {}
+        for opt in options:
+            dt._TUNING[key] = opt
+            try:
+                results[opt] = sum(
+                    time_graph(fn, args.iters) for cell in cells for fn in stage_fns(key, cell)
+                )
+            except Exception as exc:  # a configuration that does not compile is skipped
+                print(f"# tune {key}={opt}: {exc!r}"[:300], flush=True)
+        if not results:
+            dt._TUNING[key] = options[0]
+            continue
+        best = min(results, key=results.get)
+        dt._TUNING[key] = best
+        summary = {str(k): round(v, 1) for k, v in results.items()}
+        print(f"# tune {key}: µs summed over batch 1 and 32 -> {summary}; best {best}")
 
 
 def breakdown(args, dev, gen, triton_ok: bool) -> int:
     """Graph-replay time of each stage of the round on its own."""
-    modes = [False, True] if triton_ok else [False]
-    for b in [int(x) for x in args.batches.split(",")]:
-        for budget in [int(x) for x in args.budgets.split(",")]:
+    modes = [p == "triton" for p in args.breakdown_paths.split(",")]
+    modes = [m for m in modes if triton_ok or not m]
+    for b in [int(x) for x in args.breakdown_batches.split(",")]:
+        for budget in [int(x) for x in args.breakdown_budgets.split(",")]:
             shape = (b, args.positions, args.vocab)
             logits = (torch.randn(shape, generator=gen) * 2.0).to(dev, torch.bfloat16)
             roots = torch.randint(0, args.vocab, (b,), generator=gen).to(dev)
@@ -336,7 +417,6 @@ def breakdown(args, dev, gen, triton_ok: bool) -> int:
                 out = {k: round(time_graph(fn, args.iters), 1) for k, fn in stages.items()}
                 name = "triton" if tri else "torch"
                 print(json.dumps({"batch": b, "budget": budget, "path": name, **out}), flush=True)
-    return 0
 
 
 def print_table(rows) -> None:

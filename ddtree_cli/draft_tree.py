@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -168,6 +168,10 @@ class WalkResult:
     accepted: Tensor
     accept_len: Tensor
     bonus: Tensor
+    # (num_slots, indices) when the walk already computed :func:`compaction_indices`.
+    _compaction: tuple[int, CompactionIndices] | None = field(
+        default=None, repr=False, compare=False
+    )
 
 
 @dataclass
@@ -479,6 +483,10 @@ def verify_inputs(
     b, n = tree.parents.shape
     device = tree.parents.device
     prefix = prefix_lens.to(device=device, dtype=torch.int64)
+    if _want_triton(tree.parents, use_triton):
+        if mask_numel is None:
+            mask_numel = int(full_mask_numel(n, prefix))
+        return _triton_verify_inputs(tree, root_tokens, prefix, mask_numel)
     input_ids = torch.cat(
         [root_tokens.to(device=device, dtype=torch.int64).view(b, 1), tree.tokens], 1
     )
@@ -489,8 +497,6 @@ def verify_inputs(
     indptr[1:] = torch.cumsum(n * row_len, 0)
     if mask_numel is None:
         mask_numel = int(indptr[-1])
-    if _want_triton(tree.parents, use_triton):
-        return _triton_verify_inputs(tree, root_tokens, prefix, mask_numel)
     tree_mask = _full_mask(tree.visibility, prefix, indptr, mask_numel)
 
     slots = torch.arange(n, device=device)
@@ -601,6 +607,8 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
     Use ``window[:, :L+1] = window.gather(src_slots)`` on a ``[b, N, ...]`` verify window, or
     ``hidden[src_rows]`` on flat ``[b * N, H]`` hidden states (the drafter's next context).
     """
+    if walk._compaction is not None and walk._compaction[0] == num_slots:
+        return walk._compaction[1]  # computed by the fused walk kernel
     b, width = walk.accepted.shape
     device = walk.accepted.device
     k = torch.arange(width, device=device).expand(b, width)
@@ -612,18 +620,32 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 
 # ------------------------------------------------------------------------------ triton
 #
-# Fused kernels for CUDA tensors. They compute exactly what the PyTorch code above computes
-# (the same staircase, the same tie-breaks, the same float32 sums) in five launches per
-# round: two for the vocabulary pass, one per request for the whole tree, one per node row
-# for the verify inputs, one per request for the walk. Triton is imported on first use only.
+# Fused kernels for CUDA tensors. They compute what the PyTorch code above computes (the same
+# staircase, the same tie-breaks, the same float32 sums) in five launches per round: two for
+# the vocabulary pass, one per request for the whole tree, one per node row for the verify
+# inputs, one per request for the walk and its compaction indices. Triton is imported on
+# first use only.
+
+# Warps per program = clamp(widest tensor // divisor): the benchmark's --tune measures them.
+_TUNING: dict[str, int] = {"tree_div": 128, "select_div": 512, "row_div": 64}
+
+
+def _warps(widest: int, divisor: int, most: int = 8) -> int:
+    return max(1, min(most, widest // divisor))
 
 
 def _want_triton(x: Tensor, use_triton: bool | None) -> bool:
-    if use_triton is False or not x.is_cuda:
+    # On the CPU only when asked for explicitly under Triton's interpreter (tests).
+    if use_triton is False or not (x.is_cuda or (use_triton and _interpreting())):
         return False
     if use_triton is None and os.environ.get("DDTREE_DISABLE_TRITON") == "1":
         return False
     return _triton_importable()
+
+
+def _interpreting() -> bool:
+    """Triton's CPU interpreter (``TRITON_INTERPRET=1``) runs the kernels on CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @lru_cache(maxsize=1)
@@ -670,55 +692,66 @@ def _kernels():
 
     @triton.jit
     def vocab_stats(
-        logits, stride, vocab, cmax, n_max, pmax, psum, n_prog, count,
-        CH: tl.constexpr, G: tl.constexpr,
+        logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+        CH: tl.constexpr, CPG: tl.constexpr, GPP: tl.constexpr,
     ):  # fmt: skip
-        # Pass 1: the maximum of every CH-wide chunk, and a partial log-sum-exp.
+        # The one full read of the logits: the maximum of every CH-wide chunk and of every
+        # group of CPG chunks, and a partial log-sum-exp per program.
         row = tl.program_id(0)
         p = tl.program_id(1)
-        offs = p * (G * CH) + tl.arange(0, G)[:, None] * CH + tl.arange(0, CH)[None, :]
+        g = p * GPP + tl.arange(0, GPP)
+        c = tl.arange(0, CPG)
+        offs = (g[:, None, None] * CPG + c[None, :, None]) * CH + tl.arange(0, CH)[None, None, :]
         x = tl.load(
             logits + row.to(tl.int64) * stride + offs, mask=offs < vocab, other=float("-inf")
         )
         x = x.to(tl.float32)
-        chunk_max = tl.max(x, 1)
-        chunk = p * G + tl.arange(0, G)
-        tl.store(cmax + row * n_max + chunk, chunk_max, mask=chunk < n_max)
-        mx = tl.max(chunk_max, 0)
+        chunk_max = tl.max(x, 2)
+        chunk = g[:, None] * CPG + c[None, :]
+        tl.store(cmax + row * n_chunks + chunk, chunk_max, mask=chunk < n_chunks)
+        group_max = tl.max(chunk_max, 1)
+        tl.store(gmax + row * n_groups + g, group_max, mask=g < n_groups)
+        mx = tl.max(group_max, 0)
         safe = tl.where(mx == float("-inf"), 0.0, mx)
         tl.store(pmax + row * n_prog + p, mx)
-        tl.store(psum + row * n_prog + p, tl.sum(tl.sum(tl.exp(x - safe), 1), 0))
-        if p == 0:
-            tl.store(count + row, 0)
+        tl.store(psum + row * n_prog + p, tl.sum(tl.exp(x - safe)))
 
     @triton.jit
-    def vocab_filter(
-        logits, stride, vocab, cmax, n_max, count, cand, cap,
-        KP: tl.constexpr, MP: tl.constexpr, BLOCK: tl.constexpr,
-    ):  # fmt: skip
-        # Pass 2: keep every logit >= the KP-th largest chunk maximum (KP chunk maxima are
-        # at least that large, so the top KP all pass), appended to a per-row list.
-        row = tl.program_id(0)
-        p = tl.program_id(1)
-        mm = tl.arange(0, MP)
-        maxima = tl.load(cmax + row * n_max + mm, mask=mm < n_max, other=float("-inf"))
-        tau = tl.min(tl.topk(maxima, KP), 0)
-        tau = tl.where(n_max >= KP, tau, float("-inf"))
-        offs = p * BLOCK + tl.arange(0, BLOCK)
-        inside = offs < vocab
-        x = tl.load(logits + row.to(tl.int64) * stride + offs, mask=inside, other=float("-inf"))
-        x = x.to(tl.float32)
-        keep = inside & (x >= tau)
+    def _tt_top_above(keys, tau, scratch, KP: tl.constexpr, CAP: tl.constexpr):
+        # The top KP of `keys` (1-D, -1 = none), knowing that at least KP of them have a value
+        # >= tau: only those can be in it. They are usually few, so they are compacted into
+        # `scratch` and sorted there (CAP wide); when more than CAP pass, sort all of them.
+        keep = (keys >= 0) & (_tt_value(keys) >= tau)
         n_keep = tl.sum(keep.to(tl.int32), 0)
-        base = tl.atomic_add(count + row, n_keep)
-        dst = base + tl.cumsum(keep.to(tl.int32), 0) - 1
-        tl.store(cand + row * cap + dst, _tt_pack(x, offs), mask=keep & (dst < cap))
+        dst = tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(scratch + dst, keys, mask=keep & (dst < CAP))
+        tl.debug_barrier()
+        slots = tl.arange(0, CAP)
+        few = tl.load(scratch + slots, mask=slots < n_keep, other=-1)
+        if n_keep > CAP:  # noqa: SIM108 - a branch on the device, not a ternary
+            top = tl.topk(keys, KP)
+        else:
+            top = tl.topk(few, KP)
+        return top
+
+    @triton.jit
+    def _tt_floor_value(top):
+        # The smallest value in a sorted top-KP, -inf when it is not full.
+        last = tl.min(top, 0)
+        return tl.where(last >= 0, _tt_value(last), float("-inf"))
+
+    globals().update(_tt_top_above=_tt_top_above, _tt_floor_value=_tt_floor_value)
 
     @triton.jit
     def vocab_select(
-        logits, stride, vocab, pmax, psum, n_prog, count, cand, cap, lp_out, ids_out, k, floor,
-        PP: tl.constexpr, CAPP: tl.constexpr, KP: tl.constexpr, FB: tl.constexpr,
+        logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+        lp_out, ids_out, k, floor, scratch,
+        CH: tl.constexpr, CPG: tl.constexpr, GP: tl.constexpr, KP: tl.constexpr,
+        PP: tl.constexpr, CAP: tl.constexpr,
     ):  # fmt: skip
+        # Exact top KP of a row in three narrowing steps. The KP blocks with the largest
+        # maxima hold KP elements >= the KP-th largest maximum and every element above it, so
+        # the top KP of their union has the row's top-KP values. Groups -> chunks -> logits.
         row = tl.program_id(0)
         pp = tl.arange(0, PP)
         pm = tl.load(pmax + row * n_prog + pp, mask=pp < n_prog, other=float("-inf"))
@@ -726,68 +759,75 @@ def _kernels():
         mx = tl.max(pm, 0)
         safe = tl.where(mx == float("-inf"), 0.0, mx)
         lse = safe + tl.log(tl.sum(ps * tl.exp(pm - safe), 0))
-        n_cand = tl.load(count + row)
-        t = tl.arange(0, CAPP)
-        keys = tl.load(cand + row * cap + t, mask=t < tl.minimum(n_cand, cap), other=-1)
-        top = tl.topk(keys, KP)
-        if n_cand > cap:
-            # The list overflowed (very flat rows): an exact scan of the whole row instead.
-            top = tl.full([KP], -1, tl.int64)
-            for c0 in range(0, vocab, FB):
-                offs = c0 + tl.arange(0, FB)
-                inside = offs < vocab
-                x = tl.load(logits + row.to(tl.int64) * stride + offs, mask=inside, other=0.0)
-                key = tl.where(inside, _tt_pack(x.to(tl.float32), offs), -1)
-                both = tl.join(top, tl.topk(key, KP))
-                top = tl.topk(tl.reshape(both, [2 * KP]), KP)
+        gg = tl.arange(0, GP)
+        gv = tl.load(gmax + row * n_groups + gg, mask=gg < n_groups, other=float("-inf"))
+        gtop = tl.topk(tl.where(gg < n_groups, _tt_pack(gv, gg), -1), KP)
+        g_ok = gtop >= 0
+        cc = tl.where(g_ok, _tt_index(gtop), 0)[:, None] * CPG + tl.arange(0, CPG)[None, :]
+        c_ok = g_ok[:, None] & (cc < n_chunks)
+        cv = tl.load(cmax + row * n_chunks + cc, mask=c_ok, other=float("-inf"))
+        ckeys = tl.reshape(tl.where(c_ok, _tt_pack(cv, cc), -1), [KP * CPG])
+        scr = scratch + row.to(tl.int64) * (2 * CAP)
+        ctop = _tt_top_above(ckeys, _tt_floor_value(gtop), scr, KP, CAP)
+        ch_ok = ctop >= 0
+        ee = tl.where(ch_ok, _tt_index(ctop), 0)[:, None] * CH + tl.arange(0, CH)[None, :]
+        e_ok = ch_ok[:, None] & (ee < vocab)
+        x = tl.load(logits + row.to(tl.int64) * stride + ee, mask=e_ok, other=float("-inf"))
+        ekeys = tl.reshape(tl.where(e_ok, _tt_pack(x.to(tl.float32), ee), -1), [KP * CH])
+        top = _tt_top_above(ekeys, _tt_floor_value(ctop), scr + CAP, KP, CAP)
         kk = tl.arange(0, KP)
         km = kk < k
-        idx = tl.where(km, _tt_index(top), 0)
-        val = tl.load(logits + row.to(tl.int64) * stride + idx, mask=km, other=0.0)
-        lp = tl.maximum(val.to(tl.float32) - lse, floor)
+        lp = tl.maximum(_tt_value(top) - lse, floor)
         tl.store(lp_out + row * k + kk, lp, mask=km)
-        tl.store(ids_out + row * k + kk, idx.to(tl.int64), mask=km)
+        tl.store(ids_out + row * k + kk, _tt_index(top), mask=km)
 
     @triton.jit
     def tree(
-        lp, ids, k, cand_i, cand_r, n_cand, s_buf, r_buf, p_buf,
+        lp, ids, k, cand, n_cand, s_buf, c_buf,
         tokens, parents, depths, scores, num_nodes, vis,
-        n_pos: tl.constexpr, budget: tl.constexpr, n_slots: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr, LBP: tl.constexpr, LP: tl.constexpr,
-        NP: tl.constexpr, RB: tl.constexpr,
+        n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
+        LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
+        D1: tl.constexpr,
     ):  # fmt: skip
         req = tl.program_id(0)
-        n = budget + 1
+        n: tl.constexpr = budget + 1
+        # Zero this request's visibility block first; the stores drain during the selection.
+        vis_r = vis + req.to(tl.int64) * (n * n)
+        for z0 in range(0, n * n, ZB):
+            zz = z0 + tl.arange(0, ZB)
+            tl.store(vis_r + zz, tl.zeros([ZB], tl.uint8), mask=zz < n * n)
         lp_r = lp + req * n_pos * k
         ids_r = ids + req * n_pos * k
         s_r = s_buf + req * n_pos * budget
-        r_r = r_buf + req * n_pos * budget
-        p_r = p_buf + req * n_pos * budget
+        c_r = c_buf + req * n_pos * budget
         j = tl.arange(0, BP)
         jm = j < budget
         # A_1: the top ranks of position 1, children of the root.
         a = tl.load(lp_r + j, mask=j < k, other=float("-inf"))
         tl.store(s_r + j, a, mask=jm)
-        tl.store(r_r + j, j, mask=jm)
-        tl.store(p_r + j, j * 0 - 1, mask=jm)
         c = tl.arange(0, CP)
         cm = c < n_cand
-        ci = tl.load(cand_i + c, mask=cm, other=0).to(tl.int32)
-        cr = tl.load(cand_r + c, mask=cm, other=0).to(tl.int32)
+        pk = tl.load(cand + c, mask=cm, other=0)  # (parent position << 16) | rank
+        ci = pk >> 16
+        cr = pk & 0xFFFF
+        logp = tl.load(lp_r + D1 * k + cr, mask=cm, other=float("-inf"))
         for d in range(1, n_pos):
-            logp = tl.load(lp_r + d * k + cr, mask=cm, other=float("-inf"))
+            # Prefetch the next depth's log-probs: they do not depend on this depth's result.
+            nxt = tl.load(lp_r + tl.minimum(d + 1, n_pos - 1) * k + cr, mask=cm,
+                          other=float("-inf"))  # fmt: skip
             score = tl.where(cm, tl.gather(a, ci, 0) + logp, float("-inf"))
             top = tl.topk(_tt_pack(score, c), BP)
             a = _tt_value(top)
             pick = _tt_index(top).to(tl.int32)
             tl.store(s_r + d * budget + j, a, mask=jm)
-            tl.store(r_r + d * budget + j, tl.gather(cr, pick, 0), mask=jm)
-            tl.store(p_r + d * budget + j, tl.gather(ci, pick, 0), mask=jm)
+            tl.store(c_r + d * budget + j, tl.gather(pk, pick, 0), mask=jm)
+            logp = nxt
         tl.debug_barrier()
         # The global top `budget` over all depths, ties by (depth, position).
         f = tl.arange(0, LBP)
         fm = f < n_pos * budget
         all_s = tl.load(s_r + f, mask=fm, other=float("-inf"))
-        top = tl.topk(_tt_pack(tl.where(fm, all_s, float("-inf")), f), BP)
+        top = tl.topk(_tt_pack(all_s, f), BP)
         val = _tt_value(top)
         flat = tl.where(jm, _tt_index(top), 0)
         valid = jm & (val > float("-inf"))
@@ -800,13 +840,13 @@ def _kernels():
         start_d = tl.sum(tl.where(onehot, starts[None, :], 0), 1)
         start_pd = tl.sum(tl.where(dd[:, None] - 1 == lvl[None, :], starts[None, :], 0), 1)
         n_nodes = tl.sum(valid.to(tl.int32), 0)
-        rank = tl.load(r_r + flat, mask=valid, other=0)
-        ppos = tl.load(p_r + flat, mask=valid, other=0)
+        pk_f = tl.load(c_r + flat, mask=valid & (dd > 0), other=0)
+        rank = tl.where(dd == 0, pos, pk_f & 0xFFFF)
         tok = tl.load(ids_r + dd * k + rank, mask=valid, other=0)
         # Valid lanes come first (sorted), so valid slots 1..n and padding slots n+1..B
         # are disjoint: every slot is written exactly once.
         slot = tl.where(valid, 1 + start_d + pos, j + 1)
-        parent = tl.where(dd == 0, 0, 1 + start_pd + ppos)
+        parent = tl.where(dd == 0, 0, 1 + start_pd + (pk_f >> 16))
         tl.store(tokens + req * budget + slot - 1, tl.where(valid, tok, 0), mask=jm)
         tl.store(parents + req * n + slot, tl.where(valid, parent, -1).to(tl.int64), mask=jm)
         tl.store(depths + req * n + slot, tl.where(valid, dd + 1, 0).to(tl.int64), mask=jm)
@@ -816,24 +856,23 @@ def _kernels():
         tl.store(scores + req * n, 0.0)
         tl.store(num_nodes + req, n_nodes.to(tl.int64))
         tl.debug_barrier()
+        # Visibility: one store per (node, ancestor) into the zeroed block, walking every
+        # node's parent chain at once (root and padding point at themselves).
         cols = tl.arange(0, NP)
         colm = cols < n
         par = tl.load(parents + req * n + cols, mask=colm, other=-1)
-        up = tl.where(par >= 0, par, cols).to(tl.int32)  # root and padding: themselves
-        for r0 in range(0, n_slots, RB):
-            rows = r0 + tl.arange(0, RB)
-            rm = rows < n
-            anc = tl.minimum(rows, NP - 1)
-            seen = anc[:, None] == cols[None, :]
-            for _ in range(n_pos):
-                anc = tl.gather(up, anc, 0)
-                seen = seen | (anc[:, None] == cols[None, :])
-            out = vis + req * n * n + rows[:, None] * n + cols[None, :]
-            tl.store(out, seen.to(tl.uint8), mask=rm[:, None] & colm[None, :])
+        up = tl.where(par >= 0, par, cols).to(tl.int32)
+        row_ptr = vis_r + cols * n
+        ones = tl.full([NP], 1, tl.uint8)
+        tl.store(row_ptr + cols, ones, mask=colm)
+        anc = up
+        for _ in range(n_pos):
+            tl.store(row_ptr + anc, ones, mask=colm)
+            anc = tl.gather(up, anc, 0)
 
     @triton.jit
     def verify(
-        parents, depths, tokens, num_nodes, vis, roots, prefix, batch, n,
+        parents, depths, tokens, num_nodes, vis, roots, prefix, batch, n, numel,
         input_ids, positions, mask, indptr, next_token, next_sibling, retrieve_index,
         NP: tl.constexpr, BBP: tl.constexpr, MB: tl.constexpr,
     ):  # fmt: skip
@@ -853,14 +892,14 @@ def _kernels():
         tl.store(next_token + out, tl.where(child == big, -1, child).to(tl.int64))
         tl.store(next_sibling + out, tl.where(sib == big, -1, sib).to(tl.int64))
         tl.store(retrieve_index + out, out.to(tl.int64))
-        plen = tl.load(prefix + req)
+        rr = tl.arange(0, BBP)
+        all_p = tl.load(prefix + rr, mask=rr < batch, other=0)
+        plen = tl.sum(tl.where(rr == req, all_p, 0), 0)
         tok = tl.load(tokens + req * (n - 1) + q - 1, mask=q > 0, other=0)
         tok = tl.where(q == 0, tl.load(roots + req), tok)
         tl.store(input_ids + out, tok)
         tl.store(positions + out, plen + tl.load(depths + out))
-        rr = tl.arange(0, BBP)
-        before = tl.load(prefix + rr, mask=rr < req, other=0)
-        start = tl.sum(tl.where(rr < req, n * (before + n), 0), 0)
+        start = tl.sum(tl.where(rr < req, n * (all_p + n), 0), 0)
         if q == 0:
             tl.store(indptr + req + 1, start + n * (plen + n))
             if req == 0:
@@ -872,12 +911,19 @@ def _kernels():
             tl.store(mask + row_start + cc, ones, mask=cc < plen)
         v = tl.load(vis + out * n + cols, mask=colm, other=0)
         tl.store(mask + row_start + plen + cols, v, mask=colm)
+        # Entries past the real size (a larger static buffer) are False: every program
+        # clears its share of that tail, so no memset is needed.
+        total = tl.sum(tl.where(rr < batch, n * (all_p + n), 0), 0)
+        zeros = tl.zeros([MB], tl.uint8)
+        for z0 in range(total + out * MB, numel, batch * n * MB):
+            zz = z0 + tl.arange(0, MB)
+            tl.store(mask + zz, zeros, mask=zz < numel)
 
     @triton.jit
     def walk(
         parents, depths, tokens, num_nodes, target, n,
-        accepted, accept_len, bonus,
-        n_pos: tl.constexpr, NP: tl.constexpr, LP1: tl.constexpr,
+        accepted, accept_len, bonus, src_slots, src_rows, keep,
+        n_pos: tl.constexpr, NP: tl.constexpr, LP1: tl.constexpr, STEPS: tl.constexpr,
     ):  # fmt: skip
         req = tl.program_id(0)
         cols = tl.arange(0, NP)
@@ -888,10 +934,13 @@ def _kernels():
         nn = tl.load(num_nodes + req)
         at_parent = tl.load(target + req * n + par, mask=par >= 0, other=-1)
         match = ((tok == at_parent) & (par >= 0) & (cols <= nn)) | (cols == 0)
-        up = tl.where(par >= 0, par, cols)
+        jump = tl.where(par >= 0, par, cols).to(tl.int32)
         acc = match.to(tl.int32)
-        for _ in range(n_pos):
-            acc = match.to(tl.int32) & tl.gather(acc, up, 0)
+        # Pointer jumping: after round t a node holds the AND over itself and its 2**t - 1
+        # nearest ancestors.
+        for _ in range(STEPS):
+            acc = acc & tl.gather(acc, jump, 0)
+            jump = tl.gather(jump, jump, 0)
         acc = acc != 0
         key = tl.where(acc & colm, dep, -1)
         best = tl.max(key, 0)
@@ -900,14 +949,20 @@ def _kernels():
         tl.store(accept_len + req, (best + 1).to(tl.int64))
         tl.store(bonus + req, tl.load(target + req * n + last))
         lv = tl.arange(0, LP1)
+        lvm = lv < n_pos + 1
         hit = (dep[None, :] == lv[:, None]) & acc[None, :] & colm[None, :]
         node = tl.min(tl.where(hit, cols[None, :], big), 1)
         node = tl.where(node == big, -1, node).to(tl.int64)
-        tl.store(accepted + req * (n_pos + 1) + lv, node, mask=lv < n_pos + 1)
+        out = req * (n_pos + 1) + lv
+        tl.store(accepted + out, node, mask=lvm)
+        kept = lv <= best
+        src = tl.where(kept, node, tl.minimum(lv, n - 1)).to(tl.int64)
+        tl.store(src_slots + out, src, mask=lvm)
+        tl.store(src_rows + out, req * n + src, mask=lvm)
+        tl.store(keep + out, kept.to(tl.uint8), mask=lvm)
 
     return {
         "vocab_stats": vocab_stats,
-        "vocab_filter": vocab_filter,
         "vocab_select": vocab_select,
         "tree": tree,
         "verify": verify,
@@ -915,70 +970,84 @@ def _kernels():
     }
 
 
-def _triton_topk_logprobs(
-    draft_logits: Tensor, k: int, *, capacity: int | None = None
-) -> tuple[Tensor, Tensor]:
-    """:func:`topk_logprobs` in three launches: chunk maxima and partial log-sum-exp; the
-    logits above a threshold that the top K must clear; the top K of those (an exact full
-    scan for a row whose list overflows ``capacity``, default ``8 * K``)."""
+# The vocabulary pass's block sizes: chunks of _CH logits, groups of _CPG chunks, _GPP groups
+# per program of the full read.
+_CH, _CPG, _GPP = 32, 16, 8
+
+
+def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """:func:`topk_logprobs` in two launches: one read of the logits for the chunk and group
+    maxima and the partial log-sum-exps, then per row the exact top K through the groups and
+    chunks with the largest maxima."""
     b, n_pos, vocab = draft_logits.shape
     k = min(k, vocab)
     x = draft_logits.reshape(b * n_pos, vocab)
     if x.stride(-1) != 1:
         x = x.contiguous()
     rows = b * n_pos
-    kp = _pow2(k)
-    ch, groups = 256, 16
-    block = ch * groups
-    n_max = -(-vocab // ch)
-    n_prog = -(-vocab // block)
-    cap = capacity if capacity is not None else max(256, 8 * kp)
+    kp = max(2, _pow2(k))  # tl.topk needs k >= 2
+    n_chunks = -(-vocab // _CH)
+    n_groups = -(-n_chunks // _CPG)
+    n_prog = -(-n_groups // _GPP)
     dev = x.device
-    cmax = torch.empty((rows, n_max), dtype=torch.float32, device=dev)
+    cmax = torch.empty((rows, n_chunks), dtype=torch.float32, device=dev)
+    gmax = torch.empty((rows, n_groups), dtype=torch.float32, device=dev)
     pmax = torch.empty((rows, n_prog), dtype=torch.float32, device=dev)
     psum = torch.empty((rows, n_prog), dtype=torch.float32, device=dev)
-    count = torch.empty((rows,), dtype=torch.int32, device=dev)
-    cand = torch.empty((rows, cap), dtype=torch.int64, device=dev)
     lp = torch.empty((b, n_pos, k), dtype=torch.float32, device=dev)
     ids = torch.empty((b, n_pos, k), dtype=torch.int64, device=dev)
+    scratch = torch.empty((rows, 4 * kp), dtype=torch.int64, device=dev)
     kern = _kernels()
     kern["vocab_stats"][(rows, n_prog)](
-        x, x.stride(0), vocab, cmax, n_max, pmax, psum, n_prog, count, CH=ch, G=groups,
-        num_warps=8,
+        x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+        CH=_CH, CPG=_CPG, GPP=_GPP, num_warps=8,
     )  # fmt: skip
-    kern["vocab_filter"][(rows, n_prog)](
-        x, x.stride(0), vocab, cmax, n_max, count, cand, cap,
-        KP=kp, MP=max(_pow2(n_max), kp), BLOCK=block, num_warps=8,
-    )  # fmt: skip
+    warps = _warps(kp * max(_CH, _CPG), _TUNING["select_div"])
     kern["vocab_select"][(rows,)](
-        x, x.stride(0), vocab, pmax, psum, n_prog, count, cand, cap, lp, ids, k, LOGPROB_FLOOR,
-        PP=_pow2(n_prog), CAPP=max(_pow2(cap), kp), KP=kp, FB=4096, num_warps=8,
+        x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+        lp, ids, k, LOGPROB_FLOOR, scratch,
+        CH=_CH, CPG=_CPG, GP=max(_pow2(n_groups), kp), KP=kp, PP=_pow2(n_prog), CAP=2 * kp,
+        num_warps=warps,
     )  # fmt: skip
     return lp, ids
 
 
+@lru_cache(maxsize=64)
+def _staircase_packed(budget: int, k: int, device: torch.device) -> tuple[Tensor, int]:
+    """:func:`_staircase` as one int32 table, ``(parent position << 16) | rank``."""
+    cand_i, cand_r, real = _staircase(budget, k, torch.device("cpu"))
+    packed = (cand_i << 16) | cand_r
+    return packed.to(torch.int32).to(device), real
+
+
 def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
-    """The selection, flattening and visibility of every request in one launch each."""
+    """The selection, flattening and visibility of every request in one launch."""
+    if budget >= 1 << 15:
+        raise ValueError(f"budget {budget} too large for the Triton path (< 32768)")
     b, n_pos, k = lp.shape
     dev = lp.device
     n = budget + 1
-    cand_i, cand_r, n_cand = _staircase(budget, k, dev)
+    cand, n_cand = _staircase_packed(budget, k, dev)
     lp = lp.contiguous()
     ids = ids.contiguous()
     s_buf = torch.empty((b, n_pos, budget), dtype=torch.float32, device=dev)
-    r_buf = torch.empty((b, n_pos, budget), dtype=torch.int64, device=dev)
-    p_buf = torch.empty((b, n_pos, budget), dtype=torch.int64, device=dev)
+    c_buf = torch.empty((b, n_pos, budget), dtype=torch.int32, device=dev)
     tokens = torch.empty((b, budget), dtype=torch.int64, device=dev)
     parents = torch.empty((b, n), dtype=torch.int64, device=dev)
     depths = torch.empty((b, n), dtype=torch.int64, device=dev)
     scores = torch.empty((b, n), dtype=torch.float32, device=dev)
     num_nodes = torch.empty((b,), dtype=torch.int64, device=dev)
     vis = torch.empty((b, n, n), dtype=torch.bool, device=dev)
+    bp = max(2, _pow2(budget))  # tl.topk needs k >= 2
+    cp = max(bp, _pow2(cand.numel()))
+    lbp = max(bp, _pow2(n_pos * budget))
+    # One request is one latency-bound program: few warps keep the sorts inside a warp.
+    warps = _warps(max(cp, lbp), _TUNING["tree_div"])
     _kernels()["tree"][(b,)](
-        lp, ids, k, cand_i, cand_r, n_cand, s_buf, r_buf, p_buf,
+        lp, ids, k, cand, n_cand, s_buf, c_buf,
         tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8),
-        n_pos=n_pos, budget=budget, n_slots=n, BP=_pow2(budget), CP=_pow2(cand_i.numel()), LBP=_pow2(n_pos * budget), LP=_pow2(n_pos),
-        NP=_pow2(n), RB=16, num_warps=8,
+        n_pos=n_pos, budget=budget, BP=bp, CP=cp, LBP=lbp, LP=_pow2(n_pos),
+        NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), num_warps=warps,
     )  # fmt: skip
     return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)
 
@@ -997,6 +1066,10 @@ def _dense(*tensors: Tensor) -> list[Tensor]:
     return [t.to(torch.int64).contiguous() for t in tensors]
 
 
+def _row_warps(n: int) -> int:
+    return _warps(_pow2(n), _TUNING["row_div"], most=4)
+
+
 def _triton_verify_inputs(
     tree: DraftTree, root_tokens: Tensor, prefix_lens: Tensor, mask_numel: int
 ) -> VerifyInputs:
@@ -1009,14 +1082,15 @@ def _triton_verify_inputs(
         name: torch.empty(shape, dtype=torch.int64, device=dev)
         for name in ("input_ids", "positions", "next_token", "next_sibling", "retrieve_index")
     }
-    mask = torch.zeros((mask_numel,), dtype=torch.bool, device=dev)
+    mask = torch.empty((mask_numel,), dtype=torch.bool, device=dev)
     indptr = torch.empty((b + 1,), dtype=torch.int64, device=dev)
     _kernels()["verify"][(b, n)](
         *_dense(tree.parents, tree.depths, tree.tokens, tree.num_nodes),
         tree.visibility.contiguous().view(torch.uint8),
-        roots, prefix, b, n, out["input_ids"], out["positions"], mask.view(torch.uint8), indptr,
+        roots, prefix, b, n, mask_numel, out["input_ids"], out["positions"],
+        mask.view(torch.uint8), indptr,
         out["next_token"], out["next_sibling"], out["retrieve_index"],
-        NP=_pow2(n), BBP=_pow2(b + 1), MB=1024, num_warps=4,
+        NP=_pow2(n), BBP=max(128, _pow2(b + 1)), MB=1024, num_warps=_row_warps(n),
     )  # fmt: skip
     return VerifyInputs(
         input_ids=out["input_ids"],
@@ -1037,9 +1111,14 @@ def _triton_verify_walk(tree: DraftTree, target_tokens: Tensor) -> WalkResult:
     accepted = torch.empty((b, width), dtype=torch.int64, device=dev)
     accept_len = torch.empty((b,), dtype=torch.int64, device=dev)
     bonus = torch.empty((b,), dtype=torch.int64, device=dev)
+    src_slots = torch.empty((b, width), dtype=torch.int64, device=dev)
+    src_rows = torch.empty((b, width), dtype=torch.int64, device=dev)
+    keep = torch.empty((b, width), dtype=torch.bool, device=dev)
     _kernels()["walk"][(b,)](
         *_dense(tree.parents, tree.depths, tree.tokens, tree.num_nodes), target, n,
-        accepted, accept_len, bonus,
-        n_pos=tree.depth_limit, NP=_pow2(n), LP1=_pow2(width), num_warps=4,
+        accepted, accept_len, bonus, src_slots, src_rows, keep.view(torch.uint8),
+        n_pos=tree.depth_limit, NP=_pow2(n), LP1=_pow2(width),
+        STEPS=_jump_steps(tree.depth_limit), num_warps=_row_warps(n),
     )  # fmt: skip
-    return WalkResult(accepted=accepted, accept_len=accept_len, bonus=bonus)
+    comp = CompactionIndices(src_slots=src_slots, src_rows=src_rows, keep=keep)
+    return WalkResult(accepted, accept_len, bonus, _compaction=(n, comp))
