@@ -10,6 +10,7 @@ import torch
 
 from ddtree_cli.engine import train as T
 from ddtree_cli.engine.decoding import Engine, generate
+from ddtree_cli.engine.export import check_sglang_capturable
 from ddtree_cli.engine.weights import (
     EMBEDDED_DIR,
     MANIFEST,
@@ -131,6 +132,7 @@ def test_the_drafter_never_reads_the_targets_last_layer():
     target_cfg, draft_cfg = T.CONFIGS["small"]
     assert max(draft_cfg.target_layer_ids) < target_cfg.num_hidden_layers - 1
     shipped = load_embedded_pair()
+    check_sglang_capturable(shipped.target.config, shipped.drafter.config)  # raises if not
     layers = shipped.drafter.config.target_layer_ids
     assert max(layers) < shipped.target.config.num_hidden_layers - 1
 
@@ -166,4 +168,5 @@ def test_the_shipped_pair_is_lossless_and_its_drafter_is_accepted():
     for algo, budget in (("dflash", None), ("ddtree", 32)):
         seq = generate(Engine(pair, algo, budget=budget), [prompt], 48)[0]
         assert seq.output == ar.output
-        assert seq.accepted_tokens / seq.verify_ct > 1.0
+        # The shipped drafter is accepted for several tokens a round on code it never saw.
+        assert seq.accepted_tokens / seq.verify_ct > 2.0
