@@ -4,10 +4,12 @@ One command per stage, fixed seeds, each stage's outputs in files::
 
     python -m ddtree_cli.engine.train corpus   --out corpus.npz
     python -m ddtree_cli.engine.train target   --corpus corpus.npz --out model
-    python -m ddtree_cli.engine.train gendata  --corpus corpus.npz --model model --out data.pt
-    python -m ddtree_cli.engine.train drafter  --data data.pt --model model
+    python -m ddtree_cli.engine.train gendata  --corpus corpus.npz --model model --out data
+    python -m ddtree_cli.engine.train drafter  --data data --model model
     python -m ddtree_cli.engine.train eval     --corpus corpus.npz --model model --out eval.json
     python -m ddtree_cli.engine.train pipeline --corpus corpus.npz --out model  # 2-5 in one go
+    # keep a trained target, redo 3-5:
+    python -m ddtree_cli.engine.train pipeline --corpus corpus.npz --out model --target-from DIR
 
 The corpus is the standard library of the interpreter that runs ``corpus`` (its version and
 file list are recorded), tokenised with the engine's byte tokenizer. A file is held out for
@@ -67,7 +69,8 @@ SMALL_DRAFT = DraftConfig(
     vocab_size=VOCAB_SIZE,
     block_size=16,
     mask_token_id=MASK_ID,
-    target_layer_ids=(0, 2, 4),
+    # Never the target's last layer: SGLang cannot capture its output (the exporter refuses).
+    target_layer_ids=(1, 2, 3),
 )
 # For tests: every stage end to end in seconds on a CPU.
 TINY_TARGET = TargetConfig(
@@ -209,9 +212,15 @@ def _attend(attn, q, k, v, **kw):
 
 
 def target_forward(
-    target: Qwen3Target, ids: torch.Tensor, feature_layers: tuple[int, ...] = ()
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Causal forward over whole sequences (no cache): final normed hidden, features."""
+    target: Qwen3Target,
+    ids: torch.Tensor,
+    feature_layers: tuple[int, ...] = (),
+    features_only: bool = False,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Causal forward over whole sequences (no cache): final normed hidden, features.
+
+    ``features_only`` stops after the last feature layer and returns no hidden states.
+    """
     b, n = ids.shape
     pos = torch.arange(n, device=ids.device).expand(b, n)
     x = target.embed(ids)
@@ -224,6 +233,8 @@ def target_forward(
         x = layer.finish(x, _attend(attn, q, k, v, is_causal=True))
         if i in feature_layers:
             feats.append(x)
+            if features_only and len(feats) == len(feature_layers):
+                return None, torch.cat(feats, dim=-1)
     return target.model.norm(x), (torch.cat(feats, dim=-1) if feats else None)
 
 
@@ -435,44 +446,73 @@ def _draft_for(cfg: TargetConfig) -> dict:
 # ---- stage 3: the target's own greedy continuations + features --------------------------
 
 
+def _cached_layer(layer, rope, x, pos, k_cache, v_cache, start: int) -> torch.Tensor:
+    """One layer over ``x`` [n, m, H] at positions start..start+m-1, the same in every row.
+
+    Rows share their length, so no mask is needed: a prefill (start 0) is causal, a step
+    (m == 1) sees the whole cache written so far.
+    """
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    q = attn.project_q(h, pos, rope)
+    k, v = attn.project_kv(h, pos, rope)
+    end = start + x.shape[1]
+    k_cache[:, start:end] = k
+    v_cache[:, start:end] = v
+    out = _attend(attn, q, k_cache[:, :end], v_cache[:, :end], is_causal=x.shape[1] > 1)
+    return layer.finish(x, out)
+
+
 @torch.no_grad()
 def greedy_continue(target: Qwen3Target, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy continuation of equal-length prompts [N, P] through the engine's KV cache."""
+    """Greedy continuation of equal-length prompts [N, P] with a KV cache.
+
+    The prompts share their length, so the cache is one contiguous tensor per layer and no
+    step needs a mask; decoding is cheap enough to do for thousands of rows at once.
+    """
     dev = prompts.device
     n, plen = prompts.shape
+    cfg = target.config
     dtype = next(target.parameters()).dtype
-    cache = target.new_cache(n, plen + new_tokens, dev, dtype)
-    pos = torch.arange(plen, device=dev).expand(n, plen)
-    causal = pos.unsqueeze(-1) >= pos.unsqueeze(-2)
-    hidden, _ = target(prompts, pos, cache, pos, causal.unsqueeze(1))
-    tok = target.logits(hidden[:, -1]).argmax(-1)
-    out = [tok]
+    shape = (n, plen + new_tokens, cfg.num_key_value_heads, cfg.head_dim)
+    caches = [
+        (torch.empty(shape, device=dev, dtype=dtype), torch.empty(shape, device=dev, dtype=dtype))
+        for _ in target.model.layers
+    ]
+
+    def run(ids: torch.Tensor, start: int) -> torch.Tensor:
+        pos = torch.arange(start, start + ids.shape[1], device=dev).unsqueeze(0)
+        x = target.embed(ids)
+        for layer, (kc, vc) in zip(target.model.layers, caches, strict=True):
+            x = _cached_layer(layer, target.rope, x, pos, kc, vc, start)
+        return target.logits(target.model.norm(x[:, -1])).argmax(-1)
+
+    out = torch.empty(n, plen + new_tokens, dtype=prompts.dtype, device=dev)
+    out[:, :plen] = prompts
+    tok = run(prompts, 0)
+    out[:, plen] = tok
     for t in range(plen, plen + new_tokens - 1):
-        p = torch.full((n, 1), t, device=dev, dtype=torch.long)
-        mask = torch.ones(n, 1, 1, t + 1, dtype=torch.bool, device=dev)
-        hidden, _ = target(tok.unsqueeze(1), p, cache, p, mask)
-        tok = target.logits(hidden[:, -1]).argmax(-1)
-        out.append(tok)
-    return torch.cat([prompts, torch.stack(out, dim=1)], dim=1)
+        tok = run(tok.unsqueeze(1), t)
+        out[:, t + 1] = tok
+    return out
 
 
 @torch.no_grad()
 def generate_data(
     target: Qwen3Target,
     corpus: Corpus,
-    layer_ids: tuple[int, ...],
     *,
     device: str = "cpu",
-    seconds: float = 45.0,
-    max_seqs: int = 16384,
-    batch: int = 512,
+    seconds: float = 90.0,
+    max_seqs: int = 10**6,
+    batch: int = 4096,
     prompt_len: int = 128,
-    new_tokens: int = 384,
+    new_tokens: int = 256,
     seed: int = SEED + 1,
 ) -> dict:
-    """Prompts: random windows of the training files; continuations: the target's greedy.
-
-    Features are the target's outputs at ``layer_ids`` over prompt + continuation (bf16).
+    """Prompts: windows of the training files at uniformly random positions; continuations:
+    the target's own greedy tokens. Only tokens are kept: the drafter stage recomputes the
+    target's features (one cheap forward per batch), so the data stays small.
     """
     dev = _device_setup(device)
     gen = torch.Generator().manual_seed(seed)
@@ -483,26 +523,49 @@ def generate_data(
         model = model.to(torch.bfloat16)
     model.eval()
     train = corpus.stream(False)
-    toks, feats = [], []
+    toks = []
     start, made = time.perf_counter(), 0
     while made < max_seqs and time.perf_counter() - start < seconds:
         n = min(batch, max_seqs - made)
         starts = torch.randint(0, len(train) - prompt_len, (n,), generator=gen)
         prompts = train[starts.unsqueeze(1) + torch.arange(prompt_len)].to(dev)
-        seqs = greedy_continue(model, prompts, new_tokens)
-        _, f = target_forward(model, seqs, layer_ids)
-        toks.append(seqs.to(torch.int16))
-        feats.append(f.to(torch.bfloat16))
+        toks.append(greedy_continue(model, prompts, new_tokens).to("cpu", torch.int16))
         made += n
+        log(f"gendata: {made} sequences after {time.perf_counter() - start:.1f}s")
     data = {
         "tokens": torch.cat(toks),
-        "features": torch.cat(feats),
         "prompt_len": prompt_len,
-        "layer_ids": list(layer_ids),
         "seconds": round(time.perf_counter() - start, 1),
+        "seed": seed,
     }
     log(f"gendata: {made} sequences of {prompt_len}+{new_tokens} in {data['seconds']}s")
     return data
+
+
+SHARD_BYTES = 15 * 2**20  # every output file stays under 16 MiB
+
+
+def save_data(data: dict, folder: Path) -> None:
+    """``folder/tokens-NNN.npy`` shards (int16) and ``folder/meta.json``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("tokens-*.npy"):
+        old.unlink()
+    tokens = data["tokens"].numpy()
+    rows = max(1, SHARD_BYTES // max(1, tokens.shape[1] * tokens.itemsize))
+    for i in range(0, len(tokens), rows):
+        np.save(folder / f"tokens-{i // rows:03d}.npy", tokens[i : i + rows])
+    meta = {k: v for k, v in data.items() if k != "tokens"}
+    meta["shape"] = list(tokens.shape)
+    (folder / "meta.json").write_text(json.dumps(meta, indent=2))
+
+
+def load_data(folder: Path) -> dict:
+    meta = json.loads((folder / "meta.json").read_text())
+    shards = sorted(folder.glob("tokens-*.npy"))
+    tokens = torch.from_numpy(np.concatenate([np.load(p) for p in shards]))
+    if list(tokens.shape) != meta["shape"]:
+        raise ValueError(f"{folder}: shards hold {list(tokens.shape)}, meta says {meta['shape']}")
+    return {**meta, "tokens": tokens}
 
 
 # ---- stage 4: drafter ------------------------------------------------------------------
@@ -531,8 +594,14 @@ def train_drafter(
     for p in target.parameters():
         p.requires_grad_(False)
     tokens = data["tokens"].to(dev).long()
-    feats = data["features"].to(dev)
+    layer_ids = tuple(cfg.target_layer_ids)
     n, seq = tokens.shape
+
+    def features(rows: torch.Tensor) -> torch.Tensor:
+        # Recomputed per batch: one frozen target forward is cheap next to storing them.
+        with torch.no_grad():
+            return target_forward(target, tokens[rows], layer_ids, features_only=True)[1]
+
     lo, hi = int(data["prompt_len"]), seq - cfg.block_size  # anchors inside the continuation
     weights = torch.exp(-torch.arange(cfg.block_size - 1, device=dev) / gamma)
     decay = [p for p in drafter.parameters() if p.dim() == 2]
@@ -543,7 +612,7 @@ def train_drafter(
         betas=(0.9, 0.95),
         fused=dev.type == "cuda",
     )
-    held = torch.arange(n)[-max(1, n // 50) :]  # last 2% of sequences: validation
+    held = torch.arange(n)[-max(1, min(256, n // 50)) :]  # last rows: validation
     train_rows = n - len(held)
     start, step, last_log = time.perf_counter(), 0, 0.0
     while step < max_steps:
@@ -555,9 +624,7 @@ def train_drafter(
         rows = torch.randint(0, max(train_rows, 1), (batch,), generator=gen).to(dev)
         anchors = torch.randint(lo, hi + 1, (batch, blocks), generator=gen).to(dev)
         with _autocast(dev):
-            logits, labels = drafter_forward(
-                drafter, target, tokens[rows], feats[rows].float(), anchors
-            )
+            logits, labels = drafter_forward(drafter, target, tokens[rows], features(rows), anchors)
         ce = F.cross_entropy(
             logits.float().flatten(0, 2), labels.flatten(), reduction="none"
         ).view_as(labels)
@@ -576,9 +643,7 @@ def train_drafter(
         g = torch.Generator().manual_seed(seed)
         rows = held.to(dev)
         anchors = torch.randint(lo, hi + 1, (len(held), blocks), generator=g).to(dev)
-        logits, labels = drafter_forward(
-            drafter, target, tokens[rows], feats[rows].float(), anchors
-        )
+        logits, labels = drafter_forward(drafter, target, tokens[rows], features(rows), anchors)
         hit = (logits.argmax(-1) == labels).long()
     # Expected accepted drafts per block if the chain stops at the first miss (teacher-forced).
     chain = hit.cumprod(-1).sum(-1).float().mean().item()
@@ -587,6 +652,9 @@ def train_drafter(
         "seconds": round(time.perf_counter() - start, 1),
         "batch": batch,
         "blocks_per_sequence": blocks,
+        "target_layer_ids": list(layer_ids),
+        "sequences": n,
+        "sequences_seen": step * batch,
         "lr": lr,
         "gamma": gamma,
         "seed": seed,
@@ -654,14 +722,15 @@ def evaluate(
             torch.cuda.synchronize()
         return seqs, time.perf_counter() - t0
 
-    ar, _ = run("ar", None, 8, ps)
+    # Acceptance does not depend on the batch (greedy): one wave of every prompt.
+    ar, _ = run("ar", None, len(ps), ps)
     ref = [s.output for s in ar]
     modes = [("dflash", None)] + [("ddtree", b) for b in budgets]
     acc = {}
     for algo, budget in modes:
         if deadline and time.time() > deadline:
             break
-        seqs, _ = run(algo, budget, 8, ps)
+        seqs, _ = run(algo, budget, len(ps), ps)
         name = algo if budget is None else f"ddtree-{budget}"
         acc[name] = {
             "accept_length": round(
@@ -679,7 +748,7 @@ def evaluate(
         for algo, budget in (("ar", None), ("dflash", None), ("ddtree", best)):
             if deadline and time.time() > deadline:
                 break
-            items = ps[: max(batch, min(len(ps), 4 if batch == 1 else len(ps)))]
+            items = ps[: max(batch, 2)]  # one wave at batch 8, two sequences at batch 1
             seqs, secs = run(algo, budget, batch, items)
             toks = sum(len(s.output) for s in seqs)
             speed[f"{algo}@{batch}"] = round(toks / secs, 1)
@@ -696,26 +765,59 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2))
 
 
+def target_stats_of(folder: Path) -> dict | None:
+    """The target's training record: ``target_stats.json``, else the folder's manifest."""
+    stats = folder / "target_stats.json"
+    if stats.is_file():
+        return json.loads(stats.read_text())
+    manifest = folder / MANIFEST
+    if manifest.is_file():
+        return (json.loads(manifest.read_text()).get("training") or {}).get("target")
+    return None
+
+
+def corpus_meta(corpus: Corpus) -> dict:
+    return {k: v for k, v in corpus.meta.items() if k != "skipped_not_utf8"}
+
+
+def gendata_meta(data: dict) -> dict:
+    return {
+        "sequences": int(data["tokens"].shape[0]),
+        "length": int(data["tokens"].shape[1]),
+        "prompt_len": data["prompt_len"],
+        "seconds": data["seconds"],
+        "seed": data.get("seed"),
+    }
+
+
 def pipeline(args) -> dict:
     """Stages 2-5 back to back, each one's outputs written as soon as it ends."""
     t0 = time.time()
     tcfg, dcfg = CONFIGS[args.config]
     corpus = Corpus.load(args.corpus)
     out = Path(args.out)
-    target, tstats = train_target(
-        corpus,
-        out,
-        tcfg,
-        device=args.device,
-        seconds=args.target_seconds,
-        max_steps=args.target_steps,
-        batch=args.batch,
-        seq=args.seq,
-    )
+    if args.target_from:
+        # Keep a trained target; only the drafter is (re)trained.
+        target, tstats = load_target(args.target_from), target_stats_of(args.target_from)
+        if target.config != tcfg:
+            raise SystemExit(
+                f"{args.target_from}: target config differs from --config {args.config}"
+            )
+        log(f"target loaded from {args.target_from}: {tstats}")
+    else:
+        target, tstats = train_target(
+            corpus,
+            out,
+            tcfg,
+            device=args.device,
+            seconds=args.target_seconds,
+            max_steps=args.target_steps,
+            batch=args.batch,
+            seq=args.seq,
+        )
     data = generate_data(
         target,
         corpus,
-        dcfg.target_layer_ids,
         device=args.device,
         seconds=args.gen_seconds,
         max_seqs=args.gen_seqs,
@@ -731,16 +833,13 @@ def pipeline(args) -> dict:
         seconds=args.drafter_seconds,
         max_steps=args.drafter_steps,
         batch=args.drafter_batch,
+        blocks=args.drafter_blocks,
+        lr=args.drafter_lr,
     )
     prov = {
-        "corpus": {k: v for k, v in corpus.meta.items() if k != "skipped_not_utf8"},
+        "corpus": corpus_meta(corpus),
         "target": tstats,
-        "gendata": {
-            "sequences": int(data["tokens"].shape[0]),
-            "length": int(data["tokens"].shape[1]),
-            "prompt_len": data["prompt_len"],
-            "seconds": data["seconds"],
-        },
+        "gendata": gendata_meta(data),
         "drafter": dstats,
         "device": args.device,
         "torch": torch.__version__,
@@ -785,16 +884,18 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--seq", type=int, default=512)
 
     def gen_opts(sp):
-        sp.add_argument("--gen-seconds", type=float, default=45)
-        sp.add_argument("--gen-seqs", type=int, default=16384)
-        sp.add_argument("--gen-batch", type=int, default=512)
+        sp.add_argument("--gen-seconds", type=float, default=90)
+        sp.add_argument("--gen-seqs", type=int, default=10**6)
+        sp.add_argument("--gen-batch", type=int, default=4096)
         sp.add_argument("--prompt-len", type=int, default=128)
-        sp.add_argument("--new-tokens", type=int, default=384)
+        sp.add_argument("--new-tokens", type=int, default=256)
 
     def drafter_opts(sp):
         sp.add_argument("--drafter-seconds", type=float, default=150)
         sp.add_argument("--drafter-steps", type=int, default=10**9)
         sp.add_argument("--drafter-batch", type=int, default=64)
+        sp.add_argument("--drafter-blocks", type=int, default=24, help="anchors per sequence")
+        sp.add_argument("--drafter-lr", type=float, default=1e-3)
 
     def eval_opts(sp):
         sp.add_argument("--eval-prompts", type=int, default=16)
@@ -804,11 +905,11 @@ def main(argv: list[str] | None = None) -> int:
     common(t)
     target_opts(t)
     t.add_argument("--out", type=Path, required=True)
-    g = sub.add_parser("gendata", help="stage 3: greedy continuations + features")
+    g = sub.add_parser("gendata", help="stage 3: the target's greedy continuations")
     common(g)
     gen_opts(g)
     g.add_argument("--model", type=Path, required=True)
-    g.add_argument("--out", type=Path, required=True)
+    g.add_argument("--out", type=Path, required=True, help="a folder of token shards")
     d = sub.add_parser("drafter", help="stage 4: train the drafter, write the pair")
     common(d, corpus=False)
     drafter_opts(d)
@@ -828,6 +929,7 @@ def main(argv: list[str] | None = None) -> int:
     drafter_opts(a)
     eval_opts(a)
     a.add_argument("--out", type=Path, required=True)
+    a.add_argument("--target-from", type=Path, help="a model folder whose trained target is kept")
     a.add_argument("--eval-seconds", type=float, default=60)
     a.add_argument("--eval-out", type=Path)
     args = p.parse_args(argv)
@@ -850,7 +952,6 @@ def main(argv: list[str] | None = None) -> int:
         data = generate_data(
             target,
             Corpus.load(args.corpus),
-            CONFIGS[args.config][1].target_layer_ids,
             device=args.device,
             seconds=args.gen_seconds,
             max_seqs=args.gen_seqs,
@@ -858,11 +959,10 @@ def main(argv: list[str] | None = None) -> int:
             prompt_len=args.prompt_len,
             new_tokens=args.new_tokens,
         )
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({k: (v.cpu() if torch.is_tensor(v) else v) for k, v in data.items()}, args.out)
+        save_data(data, args.out)
     elif args.cmd == "drafter":
         target = load_target(args.model)
-        data = torch.load(args.data)
+        data = load_data(args.data)
         drafter, stats = train_drafter(
             target,
             data,
@@ -871,11 +971,15 @@ def main(argv: list[str] | None = None) -> int:
             seconds=args.drafter_seconds,
             max_steps=args.drafter_steps,
             batch=args.drafter_batch,
+            blocks=args.drafter_blocks,
+            lr=args.drafter_lr,
         )
-        tstats_path = args.model / "target_stats.json"
         prov = {
-            "target": json.loads(tstats_path.read_text()) if tstats_path.is_file() else None,
+            "target": target_stats_of(args.model),
+            "gendata": gendata_meta(data),
             "drafter": stats,
+            "device": args.device,
+            "torch": torch.__version__,
         }
         save_trained_pair(target, drafter, args.model, prov)
     elif args.cmd == "eval":
