@@ -302,9 +302,7 @@ for budget in (15, 8, 64):  # 15 first: its draws are the ones the checks were w
         break_facts = (mask_errors, position_errors, walk_mismatch, triton_mismatch, trials,
                        deepest, d, vi)  # fmt: skip
 out["verify_input_budgets"] = {str(k): v for k, v in wide.items()}
-mask_errors, position_errors, walk_mismatch, triton_mismatch, trials, deepest, d, vi = (
-    break_facts
-)
+mask_errors, position_errors, walk_mismatch, triton_mismatch, trials, deepest, d, vi = break_facts
 out["verify_input"] = {
     "trials": trials,
     "mask_errors": mask_errors[:5],
@@ -437,7 +435,10 @@ def verify_round(budget: int) -> dict:
             ),
             moves=allocator.moves,
             expected_moves=[
-                sum((window.view(bs, d)[b, : int(walk.accept_len[b])].tolist() for b in range(bs)), []),
+                sum(
+                    (window.view(bs, d)[b, : int(walk.accept_len[b])].tolist() for b in range(bs)),
+                    [],
+                ),
                 sum(
                     (
                         window.view(bs, d)[b, walk.accepted[b, : int(walk.accept_len[b])]].tolist()
@@ -504,6 +505,7 @@ def verify_round(budget: int) -> dict:
         )
     return round_facts
 
+
 out["verify_round"] = verify_round(15)
 if not V2:  # a 64-node tree from a block-16 drafter: verify width 65
     out["verify_round_64"] = verify_round(64)
@@ -530,7 +532,7 @@ if not V2:
         class _DraftRunnerBuilt(Exception):
             pass
 
-        def record_draft_worker(*, server_args, is_draft_worker, **_):
+        def record_draft_worker(*, server_args, is_draft_worker, seen=seen, **_):
             seen["draft_num_draft_tokens"] = server_args.speculative_num_draft_tokens
             seen["is_draft_worker"] = is_draft_worker
             raise _DraftRunnerBuilt
@@ -553,7 +555,9 @@ if not V2:
                 spec_algorithm=algo, is_draft_worker=is_draft, server_args=run_args
             )
             runner.num_tokens_per_bs = (
-                args.speculative_dflash_block_size if is_draft else args.speculative_num_draft_tokens
+                args.speculative_dflash_block_size
+                if is_draft
+                else args.speculative_num_draft_tokens
             )
             runner.buffers = types.SimpleNamespace(custom_mask=torch.ones(4, dtype=torch.bool))
             info = runner.get_spec_info(runner.num_tokens_per_bs)
