@@ -10,9 +10,10 @@ Steps (each cached or skipped when its output exists):
 2. snapshot: the cp312 ``sglang==0.5.13`` wheel extracted and patched by ``ddtree patch``
    (``python -m ddtree_cli patch``), checked ``applied``; only its ``sglang/`` package is packed;
 3. checkpoints: the engine's fixed-seed random pair exported for SGLang (bf16) once per draft
-   block size 9, 16, 33 and 65 (DDTREE budgets 8, 15, 32, 64 under the patch's current
-   ``budget == block size - 1`` rule; one target, ``draft-b<N>`` per block size), and the
-   trained pair when ``--trained`` is given;
+   block size 9, 16, 33 and 65 (one target, ``draft-b<N>`` per block size; the DDTREE
+   budget is free of the block size, so ``draft-b16`` serves budgets 8 to 64, the others
+   give each budget a draft of block budget + 1 to compare with), and the trained pair
+   when ``--trained`` is given;
 4. the ``ddtree_cli`` package and ``run.py`` (the bench client runs from the bundle);
 5. one gzipped tar of all that, split into pieces of at most ``--piece-mib`` MiB (default 36:
    one piece plus a checkout of this repository, ~24 MB, stays under a 64 MiB transfer) with
@@ -42,7 +43,7 @@ from ddtree_cli.engine.weights import load_pair  # noqa: E402
 from ddtree_cli.patching import fetch  # noqa: E402
 
 SGLANG_VERSION = "0.5.13"
-BLOCK_SIZES = (9, 16, 33, 65)  # DDTREE budget = block size - 1: 8, 15, 32, 64
+BLOCK_SIZES = (9, 16, 33, 65)  # draft-b16 for any budget; b9/b33/b65: budget = block - 1
 PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
              "manylinux_2_26_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")  # fmt: skip
