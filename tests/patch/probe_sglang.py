@@ -570,6 +570,8 @@ if not V2:
         seen["decode_reservation_3_reqs"] = batch.new_tokens_required_next_decode()
         widths[str(budget)] = seen
     out["widths"] = widths
+    # arguments that did not go through _handle_ddtree: refused before any model loads
+    out["tree_worker_unresolved"] = error_of(lambda: construct(TreeWorker, server_args(**base)))
 
 
 # --- request validation (a stand-in request: validation reads two attributes)

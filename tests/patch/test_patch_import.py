@@ -219,6 +219,9 @@ def test_each_runner_gets_its_width(probe):
         # target graphs are captured with the tree mask at budget + 1; the draft's at 16
         assert seen["capture_dummy"] == {"target": [width, True], "draft": [16, False]}
         assert seen["decode_reservation_3_reqs"] == 3 * max(width, 16)
+    assert facts["tree_worker_unresolved"].startswith(
+        "ValueError: DDTREE needs the drafter's block size, the budget and the verify width"
+    )
 
 
 def test_verify_inputs_at_budgets_8_and_64(probe):
