@@ -164,8 +164,9 @@ else:
     def construct(cls, args):
         return cls(args, 0, 0, None, 0, 0, 0, 0, None)
 
-    def construct_v1_with(args, target_worker):
-        return TreeWorker(args, 0, 0, None, 0, 0, 0, 0, target_worker)
+    def construct_v1_with(args, target_worker, chain=False):
+        cls = ChainWorker if chain else TreeWorker
+        return cls(args, 0, 0, None, 0, 0, 0, 0, target_worker)
 
 
 out["tree_worker_with_dflash"] = error_of(
@@ -521,11 +522,16 @@ if not V2:
     from sglang.srt.speculative import dflash_worker  # noqa: E402
 
     widths = {}
-    for budget in (8, 64):
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash  # noqa: E402
+
+    for budget in (8, 64, "dflash"):  # DFLASH: unchanged, one width for both sides
+        is_dflash = budget == "dflash"
         args = server_args(**{**base, "speculative_draft_model_path": f"{MODELS}/draft16",
                               "speculative_num_draft_tokens": None,
-                              "speculative_ddtree_budget": budget})  # fmt: skip
-        _handle_ddtree(args)
+                              "speculative_algorithm": "DFLASH" if is_dflash else "DDTREE",
+                              "speculative_ddtree_budget": None if is_dflash else budget})  # fmt: skip
+        (_handle_dflash if is_dflash else _handle_ddtree)(args)
+        algo_here = SpeculativeAlgorithm.from_string(args.speculative_algorithm)
         set_global_server_args_for_scheduler(args)
         seen = {}
 
@@ -545,10 +551,15 @@ if not V2:
             ),
             device="cpu", get_memory_pool=lambda: (None, None),
         )  # fmt: skip
-        err = error_of(lambda args=args, target=target: construct_v1_with(args, target))
+        err = error_of(
+            lambda args=args, target=target, chain=is_dflash: construct_v1_with(
+                args, target, chain=chain
+            )
+        )
         seen["constructed_until"] = err
+        seen["verify_width"] = args.speculative_num_draft_tokens
         runners = {}
-        for role, run_args in (("target", args), ("draft", None)):
+        for role, run_args in () if is_dflash else (("target", args), ("draft", None)):
             runner = CudaGraphRunner.__new__(CudaGraphRunner)
             is_draft = role == "draft"
             runner.model_runner = types.SimpleNamespace(
@@ -564,7 +575,7 @@ if not V2:
             runners[role] = [info.draft_token_num, info.custom_mask is not None]
         seen["capture_dummy"] = runners
         batch = ScheduleBatch.__new__(ScheduleBatch)
-        batch.spec_algorithm = algo
+        batch.spec_algorithm = algo_here
         batch.reqs = [object()] * 3
         batch.token_to_kv_pool_allocator = types.SimpleNamespace(page_size=1)
         seen["decode_reservation_3_reqs"] = batch.new_tokens_required_next_decode()

@@ -211,8 +211,13 @@ def test_budgets_apart_from_the_drafter_block(probe):
 def test_each_runner_gets_its_width(probe):
     version, facts = probe
     _only_0_5_13(version)
+    chain = facts["widths"].pop("dflash")  # DFLASH keeps one width: the block
+    assert chain["draft_num_draft_tokens"] == chain["verify_width"] == 16
+    assert chain["constructed_until"].startswith("_DraftRunnerBuilt")
+    assert chain["decode_reservation_3_reqs"] == 3 * 16
     for budget, seen in facts["widths"].items():
         width = int(budget) + 1
+        assert seen["verify_width"] == width
         # the draft runner is built with the drafter's block, not the verify width
         assert seen["draft_num_draft_tokens"] == 16 and seen["is_draft_worker"] is True
         assert seen["constructed_until"].startswith("_DraftRunnerBuilt")
