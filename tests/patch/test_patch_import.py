@@ -230,13 +230,17 @@ def test_each_runner_gets_its_width(probe):
 
 
 def test_verify_inputs_at_budgets_8_and_64(probe):
+    """Trees over 15 drafted positions (a block-16 drafter) at budgets 8, 15 and 64."""
     version, facts = probe
-    _only_0_5_13(version)
     for budget, vi in facts["verify_input_budgets"].items():
         assert vi["widths"] == [int(budget) + 1]
         assert vi["mask_errors"] == [] and vi["position_errors"] == 0
         assert vi["kernel_walk_mismatches"] == 0
         assert vi["deepest_accept_len"] >= 4
+        if version == "0.5.23":
+            assert vi["triton_kernel_mismatches"] == 0  # SGLang's own kernel at width 65
+    if version != "0.5.13":
+        return  # the 0.5.23 worker still verifies at the block size
     r = facts["verify_round_64"]
     assert max(r["walk_accept_len"]) > 2
     assert r["commit_lens"] == [*r["walk_accept_len"][:2], 2]
