@@ -123,14 +123,30 @@ def slim_wheel(wheel: Path, out_dir: Path, drop: tuple[str, ...] = SMOKE_DROP) -
 def patched_snapshot(sglang_wheel: Path, work: Path) -> Path:
     """Extract the cp312 SGLang wheel and apply the DDTREE series with ``ddtree patch``."""
     root = work / f"sglang-{SGLANG_VERSION}"
-    if not (root / ".ddtree").is_dir():
-        shutil.rmtree(root, ignore_errors=True)
-        fetch.extract_wheel(sglang_wheel, root)
-        _ddtree(["patch", str(root), "--json"])
-    state = json.loads(_ddtree(["patch", str(root), "--check", "--json"]))
-    if state.get("state") != "applied":
-        raise SystemExit(f"{root}: patch state is {state.get('state')!r}, not applied")
-    return root
+    fresh = not (root / ".ddtree").is_dir()
+    for _ in range(2):
+        if fresh:
+            shutil.rmtree(root, ignore_errors=True)
+            fetch.extract_wheel(sglang_wheel, root)
+            _ddtree(["patch", str(root), "--json"])
+        state = _patch_state(root)
+        if state == "applied":
+            return root
+        if fresh:
+            break
+        # A snapshot cached from another version of the series: extract and patch afresh.
+        fresh = True
+    raise SystemExit(f"{root}: patch state is {state!r}, not applied")
+
+
+def _patch_state(root: Path) -> str | None:
+    """``applied``, ``pristine`` or ``drifted`` (``--check`` exits non-zero unless applied)."""
+    proc = subprocess.run([sys.executable, "-m", "ddtree_cli", "patch", str(root), "--check",
+                           "--json"], cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    try:
+        return json.loads(proc.stdout).get("state")
+    except json.JSONDecodeError:
+        raise SystemExit(f"ddtree patch --check {root} failed: {proc.stderr.strip()}") from None
 
 
 def _ddtree(args: list[str]) -> str:
