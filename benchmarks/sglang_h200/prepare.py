@@ -8,7 +8,9 @@ Steps (each cached or skipped when its output exists):
 1. wheels: ``pip download --no-deps --only-binary=:all:`` for CPython 3.12 / manylinux x86_64
    of exactly the pins in ``wheels-cp312.txt`` into ``<wheel cache>/cp312``;
 2. snapshot: the cp312 ``sglang==0.5.13`` wheel extracted and patched by ``ddtree patch``
-   (``python -m ddtree_cli patch``), checked ``applied``; only its ``sglang/`` package is packed;
+   (``python -m ddtree_cli patch``), checked ``applied`` (a cached snapshot patched by another
+   version of the series is extracted and patched afresh); only its ``sglang/`` package is
+   packed;
 3. checkpoints: the engine's fixed-seed random pair exported for SGLang (bf16) once per draft
    block size 9, 16, 33 and 65 (one target, ``draft-b<N>`` per block size; the DDTREE
    budget is free of the block size, so ``draft-b16`` serves budgets 8 to 64, the others
