@@ -8,11 +8,14 @@ Steps (each cached or skipped when its output exists):
 1. wheels: ``pip download --no-deps --only-binary=:all:`` for CPython 3.12 / manylinux x86_64
    of exactly the pins in ``wheels-cp312.txt`` into ``<wheel cache>/cp312``;
 2. snapshot: the cp312 ``sglang==0.5.13`` wheel extracted and patched by ``ddtree patch``
-   (``python -m ddtree_cli patch``), checked ``applied``; only its ``sglang/`` package is packed;
+   (``python -m ddtree_cli patch``), checked ``applied`` (a cached snapshot patched by another
+   version of the series is extracted and patched afresh); only its ``sglang/`` package is
+   packed;
 3. checkpoints: the engine's fixed-seed random pair exported for SGLang (bf16) once per draft
-   block size 9, 16, 33 and 65 (DDTREE budgets 8, 15, 32, 64 under the patch's current
-   ``budget == block size - 1`` rule; one target, ``draft-b<N>`` per block size), and the
-   trained pair when ``--trained`` is given;
+   block size 9, 16, 33 and 65 (one target, ``draft-b<N>`` per block size; the DDTREE
+   budget is free of the block size, so ``draft-b16`` serves budgets 8 to 64, the others
+   give each budget a draft of block budget + 1 to compare with), and the trained pair
+   when ``--trained`` is given;
 4. the ``ddtree_cli`` package and ``run.py`` (the bench client runs from the bundle), and
    ``prompts/heldout.jsonl``: byte-token prompts cut from the stdlib files the trained pair
    never saw (its held-out split), for the trained pair's ``agree`` and ``bench`` steps;
@@ -47,7 +50,7 @@ from ddtree_cli.engine.weights import load_pair  # noqa: E402
 from ddtree_cli.patching import fetch  # noqa: E402
 
 SGLANG_VERSION = "0.5.13"
-BLOCK_SIZES = (9, 16, 33, 65)  # DDTREE budget = block size - 1: 8, 15, 32, 64
+BLOCK_SIZES = (9, 16, 33, 65)  # draft-b16 for any budget; b9/b33/b65: budget = block - 1
 PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
              "manylinux_2_26_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")  # fmt: skip
@@ -128,14 +131,30 @@ def slim_wheel(wheel: Path, out_dir: Path, drop: tuple[str, ...] = SMOKE_DROP) -
 def patched_snapshot(sglang_wheel: Path, work: Path) -> Path:
     """Extract the cp312 SGLang wheel and apply the DDTREE series with ``ddtree patch``."""
     root = work / f"sglang-{SGLANG_VERSION}"
-    if not (root / ".ddtree").is_dir():
-        shutil.rmtree(root, ignore_errors=True)
-        fetch.extract_wheel(sglang_wheel, root)
-        _ddtree(["patch", str(root), "--json"])
-    state = json.loads(_ddtree(["patch", str(root), "--check", "--json"]))
-    if state.get("state") != "applied":
-        raise SystemExit(f"{root}: patch state is {state.get('state')!r}, not applied")
-    return root
+    fresh = not (root / ".ddtree").is_dir()
+    for _ in range(2):
+        if fresh:
+            shutil.rmtree(root, ignore_errors=True)
+            fetch.extract_wheel(sglang_wheel, root)
+            _ddtree(["patch", str(root), "--json"])
+        state = _patch_state(root)
+        if state == "applied":
+            return root
+        if fresh:
+            break
+        # A snapshot cached from another version of the series: extract and patch afresh.
+        fresh = True
+    raise SystemExit(f"{root}: patch state is {state!r}, not applied")
+
+
+def _patch_state(root: Path) -> str | None:
+    """``applied``, ``pristine`` or ``drifted`` (``--check`` exits non-zero unless applied)."""
+    proc = subprocess.run([sys.executable, "-m", "ddtree_cli", "patch", str(root), "--check",
+                           "--json"], cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    try:
+        return json.loads(proc.stdout).get("state")
+    except json.JSONDecodeError:
+        raise SystemExit(f"ddtree patch --check {root} failed: {proc.stderr.strip()}") from None
 
 
 def _ddtree(args: list[str]) -> str:

@@ -8,6 +8,8 @@ their own session and outlive the call that started them.
     python3 run.py receive PIECE_OR_DIR...     copy pieces (+ manifest.json) in, sha256 checked
     python3 run.py install                     reassemble, verify, unpack, pip install --target
     python3 run.py serve ARM [--ckpt random --block 16] [--budget N] [--wait 540]
+                                               (ddtree: any budget >= 1 on any block,
+                                               e.g. --block 16 --budget 64)
     python3 run.py generate ARM [--batch 1]    one /generate with input_ids; prints meta_info
     python3 run.py refusals [--ckpt ...]       _handle_ddtree's refusals on the real launcher
     python3 run.py agree [--prompts 100]       greedy outputs of dflash/ddtree vs plain, margins
@@ -176,6 +178,13 @@ def server_cmd(state: Path, arm: str, ckpt: str, block: int | None, budget: int 
     return cmd + extra
 
 
+def log_tag(ckpt: str, block: int | None, budget: int | None) -> str:
+    """Names a server's log: the checkpoint, the draft's block and the DDTREE budget, so
+    ``serve ddtree --block 16 --budget 64`` and ``--budget 15`` keep separate logs."""
+    tag = ckpt if block is None else f"{ckpt}-b{block}"
+    return tag if budget is None else f"{tag}-n{budget}"
+
+
 def http(url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict | str]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -207,7 +216,7 @@ def cmd_serve(args) -> int:
     port = PORTS[args.arm]
     cmd = server_cmd(state, args.arm, args.ckpt, args.block, args.budget, port,
                      args.mem_fraction, args.max_bs, args.extra)  # fmt: skip
-    tag = args.ckpt if args.block is None else f"{args.ckpt}-b{args.block}"
+    tag = log_tag(args.ckpt, args.block, args.budget if args.arm == "ddtree" else None)
     log = logs / f"{args.arm}-{tag}.log"
     with log.open("w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
@@ -376,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("arm", choices=sorted(PORTS))
     s.add_argument("--ckpt", default="random")
     s.add_argument("--block", type=int, help="use draft-b<N> (the random pair's drafts)")
-    s.add_argument("--budget", type=int)
+    s.add_argument(
+        "--budget", type=int, help="DDTREE tree nodes per round (default: block size - 1)"
+    )
     s.add_argument("--wait", type=float, default=540)
     s.add_argument("--mem-fraction", type=float, default=0.2)
     s.add_argument("--max-bs", type=int, default=8)

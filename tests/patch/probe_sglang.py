@@ -117,6 +117,39 @@ for name, overrides in cases.items():
         entry["disable_overlap_schedule"] = resolved(args, "disable_overlap_schedule")
     out["handle"][name] = entry
 
+# --- budgets apart from the drafter's block (0.5.13): the block comes from the draft's
+# dflash_config (16), the target's verify width is budget + 1.
+if not V2:
+    from sglang.srt.mem_cache.common import get_alloc_len_per_decode  # noqa: E402
+
+    block16 = {**base, "speculative_draft_model_path": f"{MODELS}/draft16",
+               "speculative_num_draft_tokens": None}  # fmt: skip
+    budget_cases = {
+        "default": {}, "budget_8": {"speculative_ddtree_budget": 8},
+        "budget_15": {"speculative_ddtree_budget": 15},
+        "budget_32": {"speculative_ddtree_budget": 32},
+        "budget_64": {"speculative_ddtree_budget": 64},
+        "budget_0": {"speculative_ddtree_budget": 0},
+        "budget_huge": {"speculative_ddtree_budget": 100000},
+        "explicit_block": {"speculative_dflash_block_size": 16, "speculative_ddtree_budget": 64},
+    }  # fmt: skip
+    out["budgets"] = {}
+    for name, overrides in budget_cases.items():
+        args = server_args(**{**block16, **overrides})
+        err = error_of(lambda args=args: _handle_ddtree(args))
+        entry = {"error": err}
+        if err is None:
+            entry.update(
+                budget=args.speculative_ddtree_budget,
+                verify_width=args.speculative_num_draft_tokens,
+                block=args.speculative_dflash_block_size,
+                alloc_len_per_decode=get_alloc_len_per_decode(args),
+            )
+            err2 = error_of(lambda args=args: _handle_ddtree(args))  # a second pass
+            entry["rerun"] = [err2, args.speculative_num_draft_tokens,
+                              args.speculative_dflash_block_size]  # fmt: skip
+        out["budgets"][name] = entry
+
 # --- the workers know their algorithm
 if V2:
     from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2 as TreeWorker
@@ -130,6 +163,10 @@ else:
 
     def construct(cls, args):
         return cls(args, 0, 0, None, 0, 0, 0, 0, None)
+
+    def construct_v1_with(args, target_worker, chain=False):
+        cls = ChainWorker if chain else TreeWorker
+        return cls(args, 0, 0, None, 0, 0, 0, 0, target_worker)
 
 
 out["tree_worker_with_dflash"] = error_of(
@@ -190,66 +227,83 @@ def triton_walk(candidates, retrieve_index, next_token, next_sibling, target_pre
 
 
 gen = torch.Generator().manual_seed(0)
-mask_errors, position_errors, walk_mismatch, triton_mismatch, trials = [], 0, 0, 0, 0
-deepest = 0
-for trial in range(12):
-    bs, n_pos, vocab, budget = 3, 15, 40 + trial, 15
-    logits = torch.randn(bs, n_pos, vocab, generator=gen) * 2.0
-    tree = ddtree_tree.build_tree(logits, budget)
-    prefix = torch.randint(0, 30, (bs,), generator=gen)
-    roots = torch.randint(0, vocab, (bs,), generator=gen)
-    vi = VerifyInput.from_tree(tree, roots, prefix)
-    d = vi.draft_token_num
-    # Triton backend (TARGET_VERIFY): mask_indptr = cumsum(D * (seq_lens + D)); row q of
-    # request b starts at mask_indptr[b] + q * (seq_lens[b] + D); True = may attend.
-    seq_mask_len = d * (prefix + d)
-    mask_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(seq_mask_len, 0)])
-    if vi.custom_mask.numel() != int(mask_indptr[-1]):
-        mask_errors.append(f"numel {vi.custom_mask.numel()} != {int(mask_indptr[-1])}")
-    for b in range(bs):
-        p = int(prefix[b])
-        block = vi.custom_mask[int(mask_indptr[b]) : int(mask_indptr[b + 1])].view(d, p + d)
-        if not bool(block[:, :p].all()):
-            mask_errors.append(f"prefix columns of request {b} not all visible")
-        # ancestor-or-self from the parent chain, independently of ddtree_tree
-        parents = tree.parents[b].tolist()
-        for q in range(d):
-            allowed = set()
-            node = q
-            while node >= 0:
-                allowed.add(node)
-                node = parents[node] if node <= int(tree.num_nodes[b]) else -1
-            row = [bool(x) for x in block[q, p:]]
-            if row != [k in allowed for k in range(d)]:
-                mask_errors.append(f"request {b} row {q}")
-    expected_pos = (prefix.unsqueeze(1) + tree.depths).reshape(-1)
-    position_errors += int((vi.positions.cpu() != expected_pos).sum())
+wide = {}  # budget -> facts, for budgets apart from block - 1 (15 drafted positions)
+for budget in (15, 8, 64):  # 15 first: its draws are the ones the checks were written on
+    mask_errors, position_errors, walk_mismatch, triton_mismatch, trials = [], 0, 0, 0, 0
+    deepest, widths = 0, set()
+    for trial in range(12 if budget == 15 else 4):
+        bs, n_pos, vocab = 3, 15, 40 + trial
+        logits = torch.randn(bs, n_pos, vocab, generator=gen) * 2.0
+        tree = ddtree_tree.build_tree(logits, budget)
+        prefix = torch.randint(0, 30, (bs,), generator=gen)
+        roots = torch.randint(0, vocab, (bs,), generator=gen)
+        vi = VerifyInput.from_tree(tree, roots, prefix)
+        d = vi.draft_token_num
+        widths.add(d)
+        # Triton backend (TARGET_VERIFY): mask_indptr = cumsum(D * (seq_lens + D)); row q of
+        # request b starts at mask_indptr[b] + q * (seq_lens[b] + D); True = may attend.
+        seq_mask_len = d * (prefix + d)
+        mask_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(seq_mask_len, 0)])
+        if vi.custom_mask.numel() != int(mask_indptr[-1]):
+            mask_errors.append(f"numel {vi.custom_mask.numel()} != {int(mask_indptr[-1])}")
+        for b in range(bs):
+            p = int(prefix[b])
+            block = vi.custom_mask[int(mask_indptr[b]) : int(mask_indptr[b + 1])].view(d, p + d)
+            if not bool(block[:, :p].all()):
+                mask_errors.append(f"prefix columns of request {b} not all visible")
+            # ancestor-or-self from the parent chain, independently of ddtree_tree
+            parents = tree.parents[b].tolist()
+            for q in range(d):
+                allowed = set()
+                node = q
+                while node >= 0:
+                    allowed.add(node)
+                    node = parents[node] if node <= int(tree.num_nodes[b]) else -1
+                row = [bool(x) for x in block[q, p:]]
+                if row != [k in allowed for k in range(d)]:
+                    mask_errors.append(f"request {b} row {q}")
+        expected_pos = (prefix.unsqueeze(1) + tree.depths).reshape(-1)
+        position_errors += int((vi.positions.cpu() != expected_pos).sum())
 
-    # A target that follows a random drafted path, so deep acceptance is exercised.
-    candidates = vi.draft_token.view(bs, d)
-    target = torch.randint(0, vocab, (bs, d), generator=gen)
-    for b in range(bs):
-        if trial % 2:  # the deepest node, else a random one
-            node = int(torch.argmax(tree.depths[b]))
-        else:
-            node = int(torch.randint(1, int(tree.num_nodes[b]) + 1, (1,), generator=gen))
-        while node > 0:
-            parent = int(tree.parents[b, node])
-            target[b, parent] = candidates[b, node]
-            node = parent
-    flat_target = target.reshape(-1)
-    walk = ddtree_tree.verify_walk(tree, target)
-    offsets = torch.arange(bs).unsqueeze(1) * d
-    reference = torch.full((bs, d), -1, dtype=torch.int64)
-    width = walk.accepted.shape[1]
-    reference[:, :width] = torch.where(walk.accepted >= 0, walk.accepted + offsets, -1)
-    deepest = max(deepest, int(walk.accept_len.max()))
-    args = (candidates, vi.retrieve_index, vi.retrieve_next_token, vi.retrieve_next_sibling)
-    walk_mismatch += int((kernel_walk(*args, flat_target) != reference).any(1).sum())
-    if V2:
-        triton_mismatch += int((triton_walk(*args, target) != reference).any(1).sum())
-    trials += bs
+        # A target that follows a random drafted path, so deep acceptance is exercised.
+        candidates = vi.draft_token.view(bs, d)
+        target = torch.randint(0, vocab, (bs, d), generator=gen)
+        for b in range(bs):
+            if trial % 2:  # the deepest node, else a random one
+                node = int(torch.argmax(tree.depths[b]))
+            else:
+                node = int(torch.randint(1, int(tree.num_nodes[b]) + 1, (1,), generator=gen))
+            while node > 0:
+                parent = int(tree.parents[b, node])
+                target[b, parent] = candidates[b, node]
+                node = parent
+        flat_target = target.reshape(-1)
+        walk = ddtree_tree.verify_walk(tree, target)
+        offsets = torch.arange(bs).unsqueeze(1) * d
+        reference = torch.full((bs, d), -1, dtype=torch.int64)
+        # A path has at most min(L + 1, budget + 1) nodes: the walk's and the kernels'
+        # tables are both at least that wide.
+        width = min(walk.accepted.shape[1], d)
+        accepted = walk.accepted[:, :width]
+        reference[:, :width] = torch.where(accepted >= 0, accepted + offsets, -1)
+        deepest = max(deepest, int(walk.accept_len.max()))
+        args = (candidates, vi.retrieve_index, vi.retrieve_next_token, vi.retrieve_next_sibling)
+        walk_mismatch += int((kernel_walk(*args, flat_target) != reference).any(1).sum())
+        if V2:
+            triton_mismatch += int((triton_walk(*args, target) != reference).any(1).sum())
+        trials += bs
 
+    wide[budget] = {
+        "trials": trials, "widths": sorted(widths), "mask_errors": mask_errors[:5],
+        "position_errors": position_errors, "kernel_walk_mismatches": walk_mismatch,
+        "triton_kernel_mismatches": triton_mismatch if V2 else None,
+        "deepest_accept_len": deepest,
+    }  # fmt: skip
+    if budget == 15:
+        break_facts = (mask_errors, position_errors, walk_mismatch, triton_mismatch, trials,
+                       deepest, d, vi)  # fmt: skip
+out["verify_input_budgets"] = {str(k): v for k, v in wide.items()}
+mask_errors, position_errors, walk_mismatch, triton_mismatch, trials, deepest, d, vi = break_facts
 out["verify_input"] = {
     "trials": trials,
     "mask_errors": mask_errors[:5],
@@ -327,125 +381,209 @@ class FakeAllocator:
         self.moves.append((tgt.tolist(), src.tolist()))
 
 
-bs, d, vocab, hidden_size = 3, 16, 48, 8
-tree = ddtree_tree.build_tree(torch.randn(bs, d - 1, vocab, generator=gen) * 4.0, d - 1)
-prefix = torch.tensor([4, 9, 0], dtype=torch.int32)
-roots = torch.tensor([1, 2, 3])
-vi = VerifyInput.from_tree(tree, roots, prefix)
-candidates = vi.draft_token.view(bs, d)
-target = torch.randint(0, vocab, (bs, d), generator=gen)
-for b in range(bs):
-    node = int(torch.argmax(tree.depths[b]))
-    while node > 0:
-        parent = int(tree.parents[b, node])
-        target[b, parent] = candidates[b, node]
-        node = parent
-logits = torch.full((bs * d, vocab), -10.0)
-logits[torch.arange(bs * d), target.reshape(-1)] = 10.0
-hidden = torch.randn(bs * d, hidden_size, generator=gen)
-walk = ddtree_tree.verify_walk(tree, target)
-expected_tokens = ddtree_tree.committed_tokens(tree, walk)
-window = torch.arange(100, 100 + bs * d, dtype=torch.int64)
-allocator = FakeAllocator()
-round_facts = {"walk_accept_len": walk.accept_len.tolist()}
-
-if V2:
-    from sglang.kernels.ops.speculative import spec_tree
-
-    spec_tree.verify_tree_greedy_func = greedy_standin
-    worker = TreeWorker.__new__(TreeWorker)
-    worker.block_size = d
-    worker._target_worker = types.SimpleNamespace(
-        model_runner=types.SimpleNamespace(token_to_kv_pool_allocator=allocator)
-    )
-    worker._tree, worker._verify_input, worker._accept_rows = tree, vi, None
-    worker._verify_batch = types.SimpleNamespace(
-        seq_lens=prefix.to(torch.int64), out_cache_loc=window.clone()
-    )
-    accept_len, commit_lens, bonus, out_tokens, new_seq_lens = worker._accept_block(
-        candidates=candidates, next_token_logits=logits, sampling_info=None,
-        draft_input=None, prefix_lens=prefix.to(torch.int64), bs=bs,
-    )  # fmt: skip
-    moved_hidden = worker._committed_target_hidden(hidden)
-    round_facts.update(
-        commit_lens=commit_lens.tolist(),
-        accept_len=accept_len.tolist(),
-        bonus=bonus.tolist(),
-        walk_bonus=walk.bonus.tolist(),
-        new_seq_lens=new_seq_lens.tolist(),
-        tokens_ok=all(
-            out_tokens[b, : int(commit_lens[b])].tolist()
-            == expected_tokens[b, : int(commit_lens[b])].tolist()
-            for b in range(bs)
-        ),
-        moves=allocator.moves,
-        expected_moves=[
-            sum((window.view(bs, d)[b, : int(walk.accept_len[b])].tolist() for b in range(bs)), []),
-            sum(
-                (
-                    window.view(bs, d)[b, walk.accepted[b, : int(walk.accept_len[b])]].tolist()
-                    for b in range(bs)
-                ),
-                [],
-            ),
-        ],  # fmt: skip
-        hidden_ok=all(
-            torch.equal(moved_hidden[b * d + k], hidden[b * d + int(walk.accepted[b, k])])
-            for b in range(bs)
-            for k in range(int(walk.accept_len[b]))
-        ),
-    )
-else:
-    from sglang.srt.speculative import eagle_utils
-
-    eagle_utils.verify_tree_greedy_func = greedy_standin
-    reqs = [FakeReq(100), FakeReq(100), FakeReq(2)]  # the third finishes after 2 tokens
-    req_to_token = torch.zeros((4, 64), dtype=torch.int32)
-    pool_rows = torch.tensor([2, 0, 3])
-    batch = types.SimpleNamespace(
-        forward_mode=types.SimpleNamespace(is_idle=lambda: False),
-        batch_size=lambda: bs, sampling_info=None, reqs=reqs, device="cpu",
-        out_cache_loc=window.clone(), token_to_kv_pool_allocator=allocator,
-        req_pool_indices=pool_rows, req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
-        seq_lens=prefix.clone(), seq_lens_cpu=prefix.clone(), seq_lens_sum=int(prefix.sum()),
-    )  # fmt: skip
-    logits_output = types.SimpleNamespace(next_token_logits=logits, hidden_states=hidden)
-    bonus, commit_lens, next_hidden, num_correct = vi.verify(
-        batch=batch, logits_output=logits_output, page_size=1
-    )
-    kept, expected_kv, expected_hidden = [], [], []
+def verify_round(budget: int) -> dict:
+    bs, d, vocab, hidden_size = 3, budget + 1, 48, 8
+    # A block-16 drafter drafts 15 positions, whatever the budget.
+    tree = ddtree_tree.build_tree(torch.randn(bs, 15, vocab, generator=gen) * 4.0, budget)
+    prefix = torch.tensor([4, 9, 0], dtype=torch.int32)
+    roots = torch.tensor([1, 2, 3])
+    vi = VerifyInput.from_tree(tree, roots, prefix)
+    candidates = vi.draft_token.view(bs, d)
+    target = torch.randint(0, vocab, (bs, d), generator=gen)
     for b in range(bs):
-        n = int(commit_lens[b])
-        rows = (walk.accepted[b, :n] + b * d).tolist()
-        kept += rows
-        expected_kv.append(window[rows].tolist())
-        expected_hidden.append(hidden[rows])
-    round_facts.update(
-        commit_lens=commit_lens.tolist(),
-        num_correct=num_correct,
-        appended=[r.output_ids for r in reqs],
-        expected_appended=[
-            expected_tokens[b, : int(walk.accept_len[b])].tolist()[: reqs[b].max_new_tokens]
-            for b in range(bs)
-        ],
-        bonus=bonus.tolist(),
-        kv_rows=[
-            req_to_token[
-                int(pool_rows[b]), int(prefix[b]) : int(prefix[b]) + int(commit_lens[b])
-            ].tolist()
-            for b in range(bs)
-        ],
-        expected_kv=expected_kv,
-        freed=sorted(allocator.freed),
-        expected_freed=sorted(set(window.tolist()) - set(window[kept].tolist())),
-        seq_lens=batch.seq_lens.tolist(),
-        seq_lens_cpu=batch.seq_lens_cpu.tolist(),
-        seq_lens_sum=batch.seq_lens_sum,
-        hidden_ok=torch.equal(next_hidden, torch.cat(expected_hidden)),
-        verify_ct=[r.spec_verify_ct for r in reqs],
-        correct_drafts=[r.spec_num_correct_drafts for r in reqs],
-    )
-out["verify_round"] = round_facts
+        node = int(torch.argmax(tree.depths[b]))
+        while node > 0:
+            parent = int(tree.parents[b, node])
+            target[b, parent] = candidates[b, node]
+            node = parent
+    logits = torch.full((bs * d, vocab), -10.0)
+    logits[torch.arange(bs * d), target.reshape(-1)] = 10.0
+    hidden = torch.randn(bs * d, hidden_size, generator=gen)
+    walk = ddtree_tree.verify_walk(tree, target)
+    expected_tokens = ddtree_tree.committed_tokens(tree, walk)
+    window = torch.arange(100, 100 + bs * d, dtype=torch.int64)
+    allocator = FakeAllocator()
+    round_facts = {"walk_accept_len": walk.accept_len.tolist()}
+
+    if V2:
+        from sglang.kernels.ops.speculative import spec_tree
+
+        spec_tree.verify_tree_greedy_func = greedy_standin
+        worker = TreeWorker.__new__(TreeWorker)
+        worker.block_size = d
+        worker._target_worker = types.SimpleNamespace(
+            model_runner=types.SimpleNamespace(token_to_kv_pool_allocator=allocator)
+        )
+        worker._tree, worker._verify_input, worker._accept_rows = tree, vi, None
+        worker._verify_batch = types.SimpleNamespace(
+            seq_lens=prefix.to(torch.int64), out_cache_loc=window.clone()
+        )
+        accept_len, commit_lens, bonus, out_tokens, new_seq_lens = worker._accept_block(
+            candidates=candidates, next_token_logits=logits, sampling_info=None,
+            draft_input=None, prefix_lens=prefix.to(torch.int64), bs=bs,
+        )  # fmt: skip
+        moved_hidden = worker._committed_target_hidden(hidden)
+        round_facts.update(
+            commit_lens=commit_lens.tolist(),
+            accept_len=accept_len.tolist(),
+            bonus=bonus.tolist(),
+            walk_bonus=walk.bonus.tolist(),
+            new_seq_lens=new_seq_lens.tolist(),
+            tokens_ok=all(
+                out_tokens[b, : int(commit_lens[b])].tolist()
+                == expected_tokens[b, : int(commit_lens[b])].tolist()
+                for b in range(bs)
+            ),
+            moves=allocator.moves,
+            expected_moves=[
+                sum(
+                    (window.view(bs, d)[b, : int(walk.accept_len[b])].tolist() for b in range(bs)),
+                    [],
+                ),
+                sum(
+                    (
+                        window.view(bs, d)[b, walk.accepted[b, : int(walk.accept_len[b])]].tolist()
+                        for b in range(bs)
+                    ),
+                    [],
+                ),
+            ],  # fmt: skip
+            hidden_ok=all(
+                torch.equal(moved_hidden[b * d + k], hidden[b * d + int(walk.accepted[b, k])])
+                for b in range(bs)
+                for k in range(int(walk.accept_len[b]))
+            ),
+        )
+    else:
+        from sglang.srt.speculative import eagle_utils
+
+        eagle_utils.verify_tree_greedy_func = greedy_standin
+        reqs = [FakeReq(100), FakeReq(100), FakeReq(2)]  # the third finishes after 2 tokens
+        req_to_token = torch.zeros((4, 64), dtype=torch.int32)
+        pool_rows = torch.tensor([2, 0, 3])
+        batch = types.SimpleNamespace(
+            forward_mode=types.SimpleNamespace(is_idle=lambda: False),
+            batch_size=lambda: bs, sampling_info=None, reqs=reqs, device="cpu",
+            out_cache_loc=window.clone(), token_to_kv_pool_allocator=allocator,
+            req_pool_indices=pool_rows, req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
+            seq_lens=prefix.clone(), seq_lens_cpu=prefix.clone(), seq_lens_sum=int(prefix.sum()),
+        )  # fmt: skip
+        logits_output = types.SimpleNamespace(next_token_logits=logits, hidden_states=hidden)
+        bonus, commit_lens, next_hidden, num_correct = vi.verify(
+            batch=batch, logits_output=logits_output, page_size=1
+        )
+        kept, expected_kv, expected_hidden = [], [], []
+        for b in range(bs):
+            n = int(commit_lens[b])
+            rows = (walk.accepted[b, :n] + b * d).tolist()
+            kept += rows
+            expected_kv.append(window[rows].tolist())
+            expected_hidden.append(hidden[rows])
+        round_facts.update(
+            commit_lens=commit_lens.tolist(),
+            num_correct=num_correct,
+            appended=[r.output_ids for r in reqs],
+            expected_appended=[
+                expected_tokens[b, : int(walk.accept_len[b])].tolist()[: reqs[b].max_new_tokens]
+                for b in range(bs)
+            ],
+            bonus=bonus.tolist(),
+            kv_rows=[
+                req_to_token[
+                    int(pool_rows[b]), int(prefix[b]) : int(prefix[b]) + int(commit_lens[b])
+                ].tolist()
+                for b in range(bs)
+            ],
+            expected_kv=expected_kv,
+            freed=sorted(allocator.freed),
+            expected_freed=sorted(set(window.tolist()) - set(window[kept].tolist())),
+            seq_lens=batch.seq_lens.tolist(),
+            seq_lens_cpu=batch.seq_lens_cpu.tolist(),
+            seq_lens_sum=batch.seq_lens_sum,
+            hidden_ok=torch.equal(next_hidden, torch.cat(expected_hidden)),
+            verify_ct=[r.spec_verify_ct for r in reqs],
+            correct_drafts=[r.spec_num_correct_drafts for r in reqs],
+        )
+    return round_facts
+
+
+out["verify_round"] = verify_round(15)
+if not V2:  # a 64-node tree from a block-16 drafter: verify width 65
+    out["verify_round_64"] = verify_round(64)
+
+# --- who gets which width (0.5.13), with the arguments _handle_ddtree resolved for a
+# block-16 drafter and budget 64: the draft runner is built with the drafter's block, the
+# target's CUDA-graph capture dummy carries the width it captures, the scheduler reserves
+# for the larger of draft block and verify tree.
+if not V2:
+    from sglang.srt.managers.schedule_batch import ScheduleBatch  # noqa: E402
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner  # noqa: E402
+    from sglang.srt.server_args import set_global_server_args_for_scheduler  # noqa: E402
+    from sglang.srt.speculative import dflash_worker  # noqa: E402
+
+    widths = {}
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash  # noqa: E402
+
+    for budget in (8, 64, "dflash"):  # DFLASH: unchanged, one width for both sides
+        is_dflash = budget == "dflash"
+        args = server_args(**{**base, "speculative_draft_model_path": f"{MODELS}/draft16",
+                              "speculative_num_draft_tokens": None,
+                              "speculative_algorithm": "DFLASH" if is_dflash else "DDTREE",
+                              "speculative_ddtree_budget": None if is_dflash else budget})  # fmt: skip
+        (_handle_dflash if is_dflash else _handle_ddtree)(args)
+        algo_here = SpeculativeAlgorithm.from_string(args.speculative_algorithm)
+        set_global_server_args_for_scheduler(args)
+        seen = {}
+
+        class _DraftRunnerBuilt(Exception):
+            pass
+
+        def record_draft_worker(*, server_args, is_draft_worker, seen=seen, **_):
+            seen["draft_num_draft_tokens"] = server_args.speculative_num_draft_tokens
+            seen["is_draft_worker"] = is_draft_worker
+            raise _DraftRunnerBuilt
+
+        dflash_worker.TpModelWorker = record_draft_worker
+        target = types.SimpleNamespace(
+            model_runner=types.SimpleNamespace(
+                mambaish_config=None, memory_pool_config=None,
+                model_config=types.SimpleNamespace(context_len=4096),
+            ),
+            device="cpu", get_memory_pool=lambda: (None, None),
+        )  # fmt: skip
+        err = error_of(
+            lambda args=args, target=target, chain=is_dflash: construct_v1_with(
+                args, target, chain=chain
+            )
+        )
+        seen["constructed_until"] = err
+        seen["verify_width"] = args.speculative_num_draft_tokens
+        runners = {}
+        for role, run_args in () if is_dflash else (("target", args), ("draft", None)):
+            runner = CudaGraphRunner.__new__(CudaGraphRunner)
+            is_draft = role == "draft"
+            runner.model_runner = types.SimpleNamespace(
+                spec_algorithm=algo, is_draft_worker=is_draft, server_args=run_args
+            )
+            runner.num_tokens_per_bs = (
+                args.speculative_dflash_block_size
+                if is_draft
+                else args.speculative_num_draft_tokens
+            )
+            runner.buffers = types.SimpleNamespace(custom_mask=torch.ones(4, dtype=torch.bool))
+            info = runner.get_spec_info(runner.num_tokens_per_bs)
+            runners[role] = [info.draft_token_num, info.custom_mask is not None]
+        seen["capture_dummy"] = runners
+        batch = ScheduleBatch.__new__(ScheduleBatch)
+        batch.spec_algorithm = algo_here
+        batch.reqs = [object()] * 3
+        batch.token_to_kv_pool_allocator = types.SimpleNamespace(page_size=1)
+        seen["decode_reservation_3_reqs"] = batch.new_tokens_required_next_decode()
+        widths[str(budget)] = seen
+    out["widths"] = widths
+    # arguments that did not go through _handle_ddtree: refused before any model loads
+    out["tree_worker_unresolved"] = error_of(lambda: construct(TreeWorker, server_args(**base)))
+
 
 # --- request validation (a stand-in request: validation reads two attributes)
 from sglang.srt.speculative.ddtree_utils import validate_ddtree_request  # noqa: E402

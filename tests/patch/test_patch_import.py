@@ -29,7 +29,14 @@ def _model_configs(root: Path) -> Path:
     configs = {
         "dense": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]},
         "hybrid": {"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"]},
-    }
+        # A DFlash drafter's config as the exporter writes it: the block size is its own.
+        "draft16": {
+            "model_type": "qwen3", "architectures": ["DFlashDraftModel"],
+            "num_hidden_layers": 1, "num_target_layers": 4,
+            "dflash_config": {"block_size": 16, "mask_token_id": 257,
+                              "target_layer_ids": [1, 2], "num_target_layers": 4},
+        },
+    }  # fmt: skip
     for name, config in configs.items():
         (root / name).mkdir(parents=True)
         (root / name / "config.json").write_text(json.dumps(config))
@@ -80,13 +87,16 @@ def test_cli_parser_accepts_the_new_flags(probe):
 
 
 def test_server_argument_validation(probe):
-    _, facts = probe
+    version, facts = probe
     handle = facts["handle"]
     for ok in ("ok_triton", "ok_flashinfer", "hybrid_override"):
         assert handle[ok] == {"error": None, "budget": 15, "disable_overlap_schedule": True}
     assert "requires --page-size 1, got 4" in handle["page_size_4"]["error"]
     assert "triton or flashinfer" in handle["fa3"]["error"] and "'fa3'" in handle["fa3"]["error"]
-    assert "--speculative-ddtree-budget" in handle["budget_7"]["error"]
+    if version == "0.5.13":  # the budget is apart from the block size
+        assert handle["budget_7"] == {"error": None, "budget": 7, "disable_overlap_schedule": True}
+    else:
+        assert "--speculative-ddtree-budget" in handle["budget_7"]["error"]
     hybrid = handle["hybrid"]["error"]
     assert "refuses hybrid target models" in hybrid and "qwen3_next" in hybrid
     assert "--speculative-ddtree-allow-hybrid" in hybrid
@@ -173,3 +183,67 @@ def test_verify_round_commits_the_accepted_path(probe):
         assert [tgt[:n], src[:n]] == r["expected_moves"]
         assert set(tgt[n:]) <= {0} and set(src[n:]) <= {0}  # SGLang pads with slot 0
     assert r["hidden_ok"]  # the draft KV is materialised from the accepted rows
+
+
+def _only_0_5_13(version):
+    if version != "0.5.13":
+        pytest.skip("the 0.5.23 series still ties the budget to the block size")
+
+
+def test_budgets_apart_from_the_drafter_block(probe):
+    """A block-16 drafter (block size from its dflash_config) with budgets 8 to 64."""
+    version, facts = probe
+    _only_0_5_13(version)
+    budgets = facts["budgets"]
+    for name, budget in (("default", 15), ("budget_8", 8), ("budget_15", 15),
+                         ("budget_32", 32), ("budget_64", 64), ("explicit_block", 64)):  # fmt: skip
+        entry = budgets[name]
+        width = budget + 1
+        assert entry["error"] is None, (name, entry)
+        assert (entry["budget"], entry["verify_width"], entry["block"]) == (budget, width, 16)
+        # per-decode KV reservation covers the draft block and the verify tree
+        assert entry["alloc_len_per_decode"] == max(width, 16)
+        assert entry["rerun"] == [None, width, 16]  # resolving twice changes nothing
+    for bad in ("budget_0", "budget_huge"):
+        assert "--speculative-ddtree-budget must be between 1 and" in budgets[bad]["error"]
+
+
+def test_each_runner_gets_its_width(probe):
+    version, facts = probe
+    _only_0_5_13(version)
+    chain = facts["widths"].pop("dflash")  # DFLASH keeps one width: the block
+    assert chain["draft_num_draft_tokens"] == chain["verify_width"] == 16
+    assert chain["constructed_until"].startswith("_DraftRunnerBuilt")
+    assert chain["decode_reservation_3_reqs"] == 3 * 16
+    for budget, seen in facts["widths"].items():
+        width = int(budget) + 1
+        assert seen["verify_width"] == width
+        # the draft runner is built with the drafter's block, not the verify width
+        assert seen["draft_num_draft_tokens"] == 16 and seen["is_draft_worker"] is True
+        assert seen["constructed_until"].startswith("_DraftRunnerBuilt")
+        # target graphs are captured with the tree mask at budget + 1; the draft's at 16
+        assert seen["capture_dummy"] == {"target": [width, True], "draft": [16, False]}
+        assert seen["decode_reservation_3_reqs"] == 3 * max(width, 16)
+    assert facts["tree_worker_unresolved"].startswith(
+        "ValueError: DDTREE needs the drafter's block size, the budget and the verify width"
+    )
+
+
+def test_verify_inputs_at_budgets_8_and_64(probe):
+    """Trees over 15 drafted positions (a block-16 drafter) at budgets 8, 15 and 64."""
+    version, facts = probe
+    for budget, vi in facts["verify_input_budgets"].items():
+        assert vi["widths"] == [int(budget) + 1]
+        assert vi["mask_errors"] == [] and vi["position_errors"] == 0
+        assert vi["kernel_walk_mismatches"] == 0
+        assert vi["deepest_accept_len"] >= 4
+        if version == "0.5.23":
+            assert vi["triton_kernel_mismatches"] == 0  # SGLang's own kernel at width 65
+    if version != "0.5.13":
+        return  # the 0.5.23 worker still verifies at the block size
+    r = facts["verify_round_64"]
+    assert max(r["walk_accept_len"]) > 2
+    assert r["commit_lens"] == [*r["walk_accept_len"][:2], 2]
+    assert r["appended"] == r["expected_appended"]
+    assert r["kv_rows"] == r["expected_kv"] and r["freed"] == r["expected_freed"]
+    assert r["hidden_ok"]

@@ -76,7 +76,7 @@ def test_a_corrupted_piece_is_refused(tmp_path):
     assert not (state / "pieces" / bad.name).exists()
 
 
-@pytest.mark.parametrize("block", [None, 33])
+@pytest.mark.parametrize("block", [None, 16, 33])
 def test_arms_differ_only_in_the_algorithm(tmp_path, block):
     cmds = {
         arm: run.server_cmd(
@@ -155,3 +155,13 @@ def test_prompt_file_by_path_or_bundle_name(tmp_path):
     args.prompt_file = None
     random_rows = run.prompt_rows(args, seed=1)
     assert len(random_rows) == 4 and all(len(r) == 8 and max(r) < 260 for r in random_rows)
+
+
+def test_serve_ddtree_block_16_budget_64_has_its_own_log():
+    """The paper's setting next to the default budget on the same draft, logs kept apart."""
+    cmd = run.server_cmd(Path("/s"), "ddtree", "random", 16, 64, 30002, 0.2, 8, [])
+    assert cmd[cmd.index("--speculative-draft-model-path") + 1].endswith("draft-b16")
+    assert cmd[-2:] == ["--speculative-ddtree-budget", "64"]
+    tags = {run.log_tag("random", 16, budget) for budget in (None, 8, 15, 64)}
+    assert tags == {"random-b16", "random-b16-n8", "random-b16-n15", "random-b16-n64"}
+    assert run.log_tag("random", None, None) == "random"
