@@ -44,6 +44,13 @@ def serve(
         int, typer.Option(help="Seed of sampling (and of the weights with --model random).")
     ] = 0,
     threads: Annotated[int, typer.Option(help="CPU threads for torch (0: torch's default).")] = 1,
+    disable_cuda_graph: Annotated[
+        bool,
+        typer.Option(
+            "--disable-cuda-graph",
+            help="On CUDA, run every round eagerly instead of replaying captured graphs.",
+        ),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Serve AR, DFlash or DDTree decoding over SGLang's HTTP API until interrupted.
@@ -65,6 +72,8 @@ def serve(
         max_running_requests=max_running_requests,
         context_length=context_length,
         seed=seed,
+        threads=threads,
+        cuda_graphs=not disable_cuda_graph,
     )
 
     def on_ready(server) -> None:

@@ -18,6 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ddtree_cli import __version__
 from ddtree_cli.engine import protocol
 from ddtree_cli.engine.decoding import Engine, Sequence, generate
@@ -47,6 +49,9 @@ class ServeOptions:
     # CPU threads for torch; 1 suits the small default model and several servers sharing a
     # machine (OpenMP spin-waiting makes oversubscribed threads very slow). 0: torch's default.
     threads: int = 1
+    # On CUDA the engine replays each round's verify phase from captured graphs; False runs
+    # it eagerly (SGLang's --disable-cuda-graph). Ignored on CPU.
+    cuda_graphs: bool = True
 
     def validate(self) -> None:
         if self.algo not in ("ar", "dflash", "ddtree"):
@@ -70,7 +75,6 @@ class ServeOptions:
 
 
 def build_engine(opts: ServeOptions) -> Engine:
-    import torch
 
     if opts.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {opts.device}: CUDA is not available here")
@@ -87,6 +91,7 @@ def build_engine(opts: ServeOptions) -> Engine:
         device=opts.device,
         dtype=getattr(torch, opts.dtype),
         seed=opts.seed,
+        cuda_graphs=None if opts.cuda_graphs else False,
     )
     generate(engine, [[0, 1, 2, 3]], 4, temperature=0.0)  # warm-up: lazy inits, kernels
     engine.total_rounds = engine.total_accepted = 0
@@ -181,6 +186,9 @@ class EngineServer:
             "device_name": _device_name(engine),
             "dtype": self.opts.dtype,
             "random_seed": self.opts.seed,
+            # SGLang's name; true wherever rounds run eagerly (always on CPU).
+            "disable_cuda_graph": not engine.cuda_graphs,
+            "cpu_threads": torch.get_num_threads(),
             "enable_metrics": True,
             "model": engine.pair.identity(),
             "internal_states": [
@@ -201,8 +209,6 @@ class EngineServer:
 
 
 def _device_name(engine: Engine) -> str:
-    import torch
-
     if engine.device.type == "cuda":
         return torch.cuda.get_device_name(engine.device)
     return "cpu"

@@ -150,6 +150,13 @@ if not V2:
                               args.speculative_dflash_block_size]  # fmt: skip
         out["budgets"][name] = entry
 
+else:
+    # 0.5.23 still verifies at the block size: a budget apart from it must be refused.
+    out["budgets"] = {}
+    for name, budget in (("budget_8", 8), ("budget_64", 64), ("budget_15", 15)):
+        args = server_args(**{**base, "speculative_ddtree_budget": budget})
+        out["budgets"][name] = {"error": error_of(lambda args=args: _handle_ddtree(args))}
+
 # --- the workers know their algorithm
 if V2:
     from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2 as TreeWorker

@@ -185,16 +185,18 @@ def test_verify_round_commits_the_accepted_path(probe):
     assert r["hidden_ok"]  # the draft KV is materialised from the accepted rows
 
 
-def _only_0_5_13(version):
-    if version != "0.5.13":
-        pytest.skip("the 0.5.23 series still ties the budget to the block size")
-
-
 def test_budgets_apart_from_the_drafter_block(probe):
-    """A block-16 drafter (block size from its dflash_config) with budgets 8 to 64."""
+    """A block-16 drafter (block size from its dflash_config) with budgets 8 to 64; the
+    0.5.23 series still verifies at the block size and must refuse other budgets."""
     version, facts = probe
-    _only_0_5_13(version)
     budgets = facts["budgets"]
+    if version == "0.5.23":
+        for name in ("budget_8", "budget_64"):
+            assert "DDTREE supports --speculative-ddtree-budget == block size - 1" in (
+                budgets[name]["error"] or ""
+            ), budgets[name]
+        assert budgets["budget_15"]["error"] is None  # block 16 in the shared base args
+        return
     for name, budget in (("default", 15), ("budget_8", 8), ("budget_15", 15),
                          ("budget_32", 32), ("budget_64", 64), ("explicit_block", 64)):  # fmt: skip
         entry = budgets[name]
@@ -208,9 +210,10 @@ def test_budgets_apart_from_the_drafter_block(probe):
         assert "--speculative-ddtree-budget must be between 1 and" in budgets[bad]["error"]
 
 
+@pytest.mark.parametrize("probe", ["0.5.13"], indirect=True)
 def test_each_runner_gets_its_width(probe):
+    """0.5.13 only: 0.5.23's runners share one width (the refusal is tested above)."""
     version, facts = probe
-    _only_0_5_13(version)
     chain = facts["widths"].pop("dflash")  # DFLASH keeps one width: the block
     assert chain["draft_num_draft_tokens"] == chain["verify_width"] == 16
     assert chain["constructed_until"].startswith("_DraftRunnerBuilt")

@@ -66,11 +66,14 @@ def test_serve_runs_until_sigterm_and_exits_zero(module):
 
 
 def test_serve_model_random_is_the_seeded_random_pair():
-    proc, ready = launch("--algo", "dflash", "--model", "random", "--seed", "3")
+    proc, ready = launch("--algo", "dflash", "--model", "random", "--seed", "3",
+                         "--threads", "2", "--disable-cuda-graph")  # fmt: skip
     try:
         assert ready["random_init"] is True and ready["model"] == "random-init (seed 3)"
         info = get(ready["url"], "/server_info")[1]
         assert info["served_model_name"] == "ddtree-embedded-random"
+        assert info["cpu_threads"] == 2  # --threads reaches the server
+        assert info["disable_cuda_graph"] is True
     finally:
         assert stop(proc) == 0
 

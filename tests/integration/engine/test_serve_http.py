@@ -243,6 +243,7 @@ def test_server_info_and_metrics(servers):
         assert info["served_model_name"] == "ddtree-embedded-trained"
         assert len(info["model"]["weights_sha256"]) == 64
         assert info["device"] == "cpu"
+        assert info["disable_cuda_graph"] is True  # graphs are CUDA-only
     assert get(servers["ar"], "/server_info")[1]["speculative_algorithm"] is None
     status, text = get(url, "/metrics")
     assert status == 200
