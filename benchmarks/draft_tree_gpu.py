@@ -336,23 +336,28 @@ def main() -> int:
     return 0
 
 
+def stage_inputs(args, dev, gen, b: int, budget: int) -> tuple:
+    """One cell's inputs for timing each stage alone: logits, budget, top-K log-probs and
+    ids, a tree (PyTorch path), roots, prefix lengths, the exact mask size, targets."""
+    shape = (b, args.positions, args.vocab)
+    logits = (torch.randn(shape, generator=gen) * 2.0).to(dev, torch.bfloat16)
+    roots = torch.randint(0, args.vocab, (b,), generator=gen).to(dev)
+    prefix = torch.full((b,), args.prefix, dtype=torch.int64, device=dev)
+    n = budget + 1
+    numel = b * n * (args.prefix + n)
+    lp, ids = dt.topk_logprobs(logits, budget)
+    tree = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
+    target = following_targets(tree, args.vocab, gen)
+    return logits, budget, lp, ids, tree, roots, prefix, numel, target
+
+
 def tune(args, dev, gen) -> None:
     """Pick each warp divisor by the summed graph time of its stage at the target cells."""
     choices = {"select_div": (512, 256), "tree_div": (256, 128),
                "row_div": (64,)}  # fmt: skip
     cells = []
     for b in (1, 32):
-        budget = 64
-        shape = (b, args.positions, args.vocab)
-        logits = (torch.randn(shape, generator=gen) * 2.0).to(dev, torch.bfloat16)
-        roots = torch.randint(0, args.vocab, (b,), generator=gen).to(dev)
-        prefix = torch.full((b,), args.prefix, dtype=torch.int64, device=dev)
-        n = budget + 1
-        numel = b * n * (args.prefix + n)
-        lp, ids = dt.topk_logprobs(logits, budget)
-        tree = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
-        target = following_targets(tree, args.vocab, gen)
-        cells.append((logits, budget, lp, ids, tree, roots, prefix, numel, target))
+        cells.append(stage_inputs(args, dev, gen, b, 64))
 
     def stage_fns(key, cell):
         logits, budget, lp, ids, tree, roots, prefix, numel, target = cell
@@ -390,15 +395,8 @@ def breakdown(args, dev, gen, triton_ok: bool) -> int:
     modes = [m for m in modes if triton_ok or not m]
     for b in [int(x) for x in args.breakdown_batches.split(",")]:
         for budget in [int(x) for x in args.breakdown_budgets.split(",")]:
-            shape = (b, args.positions, args.vocab)
-            logits = (torch.randn(shape, generator=gen) * 2.0).to(dev, torch.bfloat16)
-            roots = torch.randint(0, args.vocab, (b,), generator=gen).to(dev)
-            prefix = torch.full((b,), args.prefix, dtype=torch.int64, device=dev)
-            n = budget + 1
-            numel = b * n * (args.prefix + n)
-            lp, ids = dt.topk_logprobs(logits, budget)
-            tree = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
-            target = following_targets(tree, args.vocab, gen)
+            cell = stage_inputs(args, dev, gen, b, budget)
+            logits, budget, lp, ids, tree, roots, prefix, numel, target = cell
             for tri in modes:
                 if tri:
                     topk = lambda: dt._triton_topk_logprobs(logits, budget)  # noqa: E731
