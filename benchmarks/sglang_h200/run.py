@@ -14,6 +14,8 @@ their own session and outlive the call that started them.
     python3 run.py refusals [--ckpt ...]       _handle_ddtree's refusals on the real launcher
     python3 run.py agree [--prompts 100]       greedy outputs of dflash/ddtree vs plain, margins
     python3 run.py bench [-- extra bench args] ddtree bench ddtree vs dflash, plain as reference
+    python3 run.py profile ARM --output DIR    torch profiler over N decode steps (SGLang's
+                                               /start_profile), trace + a per-op summary
     python3 run.py stop ARM|all
     python3 run.py logs DEST                   copy server logs to DEST
 
@@ -23,6 +25,8 @@ ARM is plain, dflash or ddtree. Every server gets the same flags except the algo
 from __future__ import annotations
 
 import argparse
+import collections
+import gzip
 import hashlib
 import json
 import os
@@ -365,6 +369,59 @@ def cmd_bench(args) -> int:
     return subprocess.run(cmd, env=env).returncode
 
 
+def summarise_trace(path: Path, top: int = 25) -> dict:
+    """Where the time of a torch-profiler Chrome trace went: per category (GPU kernels, CPU
+    ops, CUDA runtime calls), the ``top`` names by total duration, with counts."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        events = json.load(f)
+    events = events.get("traceEvents", events) if isinstance(events, dict) else events
+    totals: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for ev in events:
+        cat = ev.get("cat")
+        if ev.get("ph") != "X" or cat not in ("kernel", "cpu_op", "cuda_runtime", "gpu_memcpy"):
+            continue
+        totals[cat][ev["name"]] += float(ev.get("dur", 0.0))
+        counts[cat][ev["name"]] += 1
+    out: dict = {"trace": path.name}
+    for cat, by_name in totals.items():
+        out[cat] = {
+            "total_us": round(sum(by_name.values()), 1),
+            "events": sum(counts[cat].values()),
+            "top": [
+                {"name": name[:160], "total_us": round(us, 1), "count": counts[cat][name]}
+                for name, us in by_name.most_common(top)
+            ],  # fmt: skip
+        }
+    return out
+
+
+def cmd_profile(args) -> int:
+    """Profile ``--steps`` forward steps of a running server under load, then summarise."""
+    out = Path(args.output).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    before = set(out.glob("*.trace.json*"))
+    status, body = http(f"http://127.0.0.1:{PORTS[args.arm]}/start_profile",
+                        {"output_dir": str(out), "num_steps": args.steps,
+                         "activities": ["CPU", "GPU"], "profile_prefix": args.arm})  # fmt: skip
+    if status != 200:
+        raise SystemExit(f"/start_profile on {args.arm}: HTTP {status}: {str(body)[:300]}")
+    # Enough decode rounds for --steps: every request runs to --max-new (ignore_eos).
+    rows = prompt_rows(args, seed=3)
+    generate(PORTS[args.arm], rows if len(rows) > 1 else rows[0], args.max_new)
+    deadline = time.monotonic() + args.wait
+    while not (new := set(out.glob("*.trace.json*")) - before):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no trace in {out} after {args.wait:.0f} s")
+        time.sleep(1)
+    time.sleep(2)  # the writer may still be flushing
+    summary = [summarise_trace(t, args.top) for t in sorted(new)]
+    (out / f"summary-{args.arm}.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary)[:4000])
+    return 0
+
+
 def cmd_logs(args) -> int:
     dest = Path(args.dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -417,6 +474,16 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--prompt-file", help="JSONL of input_ids, or a bundle prompt set name")
     s.add_argument("--client", help="folder holding ddtree_cli (default: the bundle's)")
     s.add_argument("extra", nargs="*", help="more ddtree bench flags, after --")
+    s = sub.add_parser("profile")
+    s.add_argument("arm", choices=sorted(PORTS))
+    s.add_argument("--output", required=True)
+    s.add_argument("--steps", type=int, default=20, help="forward steps to record")
+    s.add_argument("--prompts", type=int, default=1, help="concurrent requests")
+    s.add_argument("--prompt-len", type=int, default=64)
+    s.add_argument("--prompt-file", help="JSONL of input_ids, or a bundle prompt set name")
+    s.add_argument("--max-new", type=int, default=256)
+    s.add_argument("--top", type=int, default=25)
+    s.add_argument("--wait", type=float, default=120)
     s = sub.add_parser("stop")
     s.add_argument("arm", choices=[*sorted(PORTS), "all"])
     s = sub.add_parser("logs")

@@ -165,3 +165,79 @@ def test_serve_ddtree_block_16_budget_64_has_its_own_log():
     tags = {run.log_tag("random", 16, budget) for budget in (None, 8, 15, 64)}
     assert tags == {"random-b16", "random-b16-n8", "random-b16-n15", "random-b16-n64"}
     assert run.log_tag("random", None, None) == "random"
+
+
+def test_trace_summary_of_a_real_profiler_trace(tmp_path):
+    """A Chrome trace written by torch.profiler itself, summarised per op."""
+    import gzip
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(7):
+            torch.mm(a, b)
+        torch.relu(a)
+    raw = tmp_path / "raw.json"
+    prof.export_chrome_trace(str(raw))
+    trace = tmp_path / "ddtree-TP-0.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        f.write(raw.read_text())  # SGLang writes gzipped traces
+    summary = run.summarise_trace(trace, top=50)
+    ops = {row["name"]: row for row in summary["cpu_op"]["top"]}
+    assert ops["aten::mm"]["count"] == 7 and ops["aten::relu"]["count"] == 1
+    assert ops["aten::mm"]["total_us"] > 0
+    assert summary["cpu_op"]["events"] >= 8
+    assert summary["cpu_op"]["total_us"] >= ops["aten::mm"]["total_us"]
+    assert summary["trace"] == trace.name
+    assert "kernel" not in summary  # a CPU-only trace has no GPU kernels
+
+
+def test_profile_step_drives_sglangs_profiler_api(tmp_path, monkeypatch):
+    """`run.py profile` against a stand-in for SGLang's /start_profile and /generate (a real
+    SGLang server needs a GPU): the request names the folder and step count, the trace the
+    server writes there is found and summarised, and the summary is kept next to it."""
+    import gzip
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen[self.path] = body
+            if self.path == "/generate":  # the profiler writes its trace after the steps
+                events = [{"ph": "X", "cat": "kernel", "name": "tree_kernel", "dur": 3.0}] * 4
+                folder = Path(seen["/start_profile"]["output_dir"])
+                with gzip.open(folder / "ddtree-TP-0.trace.json.gz", "wt") as f:
+                    json.dump({"traceEvents": events}, f)
+                reply = {"output_ids": [1] * 8, "meta_info": {}}
+            else:
+                reply = {}
+            data = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setitem(run.PORTS, "ddtree", server.server_address[1])
+    try:
+        code = run.main(["--state", str(tmp_path / "state"), "profile", "ddtree",
+                         "--output", str(tmp_path / "prof"), "--steps", "12",
+                         "--max-new", "8", "--wait", "10"])  # fmt: skip
+    finally:
+        server.shutdown()
+    assert code == 0
+    start = seen["/start_profile"]
+    assert start["num_steps"] == 12 and start["activities"] == ["CPU", "GPU"]
+    assert Path(start["output_dir"]) == (tmp_path / "prof").resolve()
+    assert seen["/generate"]["sampling_params"]["max_new_tokens"] == 8
+    (summary,) = json.loads((tmp_path / "prof" / "summary-ddtree.json").read_text())
+    assert summary["kernel"]["top"] == [{"name": "tree_kernel", "total_us": 12.0, "count": 4}]
