@@ -60,6 +60,7 @@ def _collector(
                 ports=options.ports,
                 health_url=doctor.health_url_on_host(options),
                 probes=options.probes,
+                checkpoints=options.checkpoints,
             )
 
     return collect
@@ -140,6 +141,21 @@ def doctor_command(
     no_probes: Annotated[
         bool, typer.Option("--no-probes", help="Skip importing the kernels in subprocesses.")
     ] = False,
+    model_path: Annotated[
+        str | None,
+        typer.Option(
+            "--model-path",
+            help="Target checkpoint folder on the host (default: the unit's --model-path).",
+        ),  # fmt: skip
+    ] = None,
+    draft_model_path: Annotated[
+        str | None,
+        typer.Option(
+            "--draft-model-path",
+            help="DFlash draft checkpoint folder on the host "
+            "(default: the unit's --speculative-draft-model-path).",
+        ),  # fmt: skip
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Pass / warn / fail verdicts with fixes for serving SGLang + DDTree, here or over SSH."""
@@ -156,6 +172,11 @@ def doctor_command(
         ports=tuple(port or ()),
         url=url,
         probes=not no_probes,
+        checkpoints={
+            role: path
+            for role, path in (("target", model_path), ("draft", draft_model_path))
+            if path
+        },
     )
     quiet = json_out or not sys.stderr.isatty()
     with err_console.status("collecting host facts…") if not quiet else _nothing():
@@ -171,6 +192,7 @@ def doctor_command(
                 ports=options.ports,
                 health_url=doctor.health_url_on_host(options),
                 probes=options.probes,
+                checkpoints=options.checkpoints,
             )
             results = [doctor.HostFacts("local", facts)]
         local_health = host_facts.health_facts(url, 10.0) if url else None

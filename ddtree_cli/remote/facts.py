@@ -33,6 +33,10 @@ from the process and from the unit's Environment=}, ``disk`` [{path, free_bytes,
 total_bytes}], ``systemd`` {present, unit, properties {LoadState, ActiveState, SubState,
 Result, ExecMainStatus, ExecMainPID, NRestarts, LimitNOFILE, KillMode, PrivateDevices, ...},
 server_args {whitelisted flags of ExecStart}, journal [last lines], error},
+``checkpoints`` {role ("target" | "draft"): {path, local, config {model_type,
+architectures, num_hidden_layers, dflash_config {block_size, target_layer_ids,
+num_target_layers, mask_token_id}}, error}} (from ``--checkpoint`` or the unit's
+``--model-path`` / ``--speculative-draft-model-path``; only config.json is read),
 ``ports`` [{port, listening, pids, processes, cgroups}], ``processes`` [{pid, name, cmdline, cgroup}]
 (leftover ``sglang::`` processes), ``probes`` {module: {status "ok" | "missing" |
 "error" | "timeout", error, error_kind}}, ``health`` {url, status, body, error} or null.
@@ -435,9 +439,57 @@ def parse_server_args(exec_start: str) -> dict:
     return found
 
 
+# Checkpoint folders named in ExecStart, by role; only their config.json is ever read.
+CHECKPOINT_FLAGS = {"--model-path": "target", "--speculative-draft-model-path": "draft"}
+_CONFIG_KEYS = ("model_type", "architectures", "num_hidden_layers")
+_DFLASH_KEYS = ("block_size", "target_layer_ids", "num_target_layers", "mask_token_id")
+
+
+def checkpoint_paths(exec_start: str) -> dict:
+    """``{role: path}`` of the target and draft checkpoints in an ExecStart."""
+    match = re.search(r"argv\[\]=(.*?)(?: ;|$)", exec_start or "")
+    words = (match.group(1) if match else "").split()
+    found = {}
+    for i, word in enumerate(words):
+        flag, sep, value = word.partition("=")
+        if flag in CHECKPOINT_FLAGS:
+            found[CHECKPOINT_FLAGS[flag]] = (
+                value if sep else (words[i + 1] if i + 1 < len(words) else "")
+            )
+    return found
+
+
+def checkpoint_facts(paths: dict) -> dict:
+    """The parts of each checkpoint's config.json that decide whether SGLang can serve it."""
+    out = {}
+    for role, path in sorted(paths.items()):
+        entry = {"path": path, "local": False, "config": None, "error": None}
+        folder = os.path.expanduser(path)
+        if not os.path.isdir(folder):
+            entry["error"] = "not a local folder (a hub model id is not checked)"
+        else:
+            entry["local"] = True
+            try:
+                with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
+                    config = json.load(handle)
+                if not isinstance(config, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as exc:
+                entry["error"] = "config.json: " + str(exc)
+            else:
+                kept = {k: config.get(k) for k in _CONFIG_KEYS}
+                dflash = config.get("dflash_config")
+                if isinstance(dflash, dict):
+                    kept["dflash_config"] = {k: dflash.get(k) for k in _DFLASH_KEYS}
+                entry["config"] = kept
+        out[role] = entry
+    return out
+
+
 def systemd_facts(unit: str | None, timeout: float, journal_lines: int = 20) -> dict:
     facts: dict = {"present": os.path.isdir("/run/systemd/system"), "unit": unit}
     facts.update(properties={}, journal=[], environment={}, server_args={}, error=None)
+    facts["checkpoint_paths"] = {}
     if not facts["present"]:
         facts["error"] = "systemd is not running (no /run/systemd/system)"
         return facts
@@ -456,6 +508,7 @@ def systemd_facts(unit: str | None, timeout: float, journal_lines: int = 20) -> 
             facts["environment"] = _parse_environment_property(value)
         elif key == "ExecStart":
             facts["server_args"] = parse_server_args(value)
+            facts["checkpoint_paths"] = checkpoint_paths(value)
         else:
             facts["properties"][key] = value
     if facts["properties"].get("LoadState") not in (None, "not-found"):
@@ -674,8 +727,11 @@ def gather(
     timeout: float = 120.0,
     probe_modules=PROBE_MODULES,
     parallel: bool = True,
+    checkpoints: dict | None = None,
 ) -> dict:
-    """Collect every fact about the machine this code runs on (see the module docstring)."""
+    """Collect every fact about the machine this code runs on (see the module docstring).
+    ``checkpoints`` ({role: path}) overrides the unit's ``--model-path`` and
+    ``--speculative-draft-model-path``."""
     python = python or shutil.which("python3") or sys.executable
     short = min(timeout, 20.0)
     env = {key: os.environ[key] for key in ENV_KEYS if key in os.environ}
@@ -701,6 +757,8 @@ def gather(
         probe_futures = {name: submit(probe_one, python, timeout, name) for name in modules}
         facts["nvidia_smi"] = nvidia_smi_facts(short)
         facts["systemd"] = systemd_facts(unit, short)
+        paths = {**facts["systemd"].get("checkpoint_paths", {}), **(checkpoints or {})}
+        facts["checkpoints"] = checkpoint_facts(paths)
         env.update({k: v for k, v in facts["systemd"]["environment"].items() if k not in env})
         facts["env"] = env
         facts["nvcc"] = nvcc_facts(short, env)
@@ -728,6 +786,8 @@ def _arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--health-url", help="URL to GET from this host (e.g. /health)")
     parser.add_argument("--no-probes", action="store_true", help="skip kernel import probes")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-subprocess timeout")
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="ROLE=PATH",
+                        help="target=PATH or draft=PATH: a checkpoint folder to read")  # fmt: skip
     return parser
 
 
@@ -739,8 +799,11 @@ def _options_to_argv(
     health_url: str | None,
     probes: bool,
     timeout: float,
+    checkpoints: dict | None = None,
 ) -> list[str]:
     argv = []
+    for role, path in sorted((checkpoints or {}).items()):
+        argv += ["--checkpoint", f"{role}={path}"]
     if python:
         argv += ["--python", python]
     if unit:
@@ -765,9 +828,11 @@ def collect_local(
     health_url: str | None = None,
     probes: bool = True,
     timeout: float = 120.0,
+    checkpoints: dict | None = None,
 ) -> dict:
     """Facts about this machine (same code path as the remote collector, run in-process)."""
-    return gather(python, unit, ports, disk_paths, health_url, probes, timeout)
+    return gather(python, unit, ports, disk_paths, health_url, probes, timeout,
+                  checkpoints=checkpoints)  # fmt: skip
 
 
 def source() -> str:
@@ -786,6 +851,7 @@ def collect_remote(
     probes: bool = True,
     timeout: float = 120.0,
     remote_python: str = "python3",
+    checkpoints: dict | None = None,
 ) -> dict:
     """Facts about the host behind ``connection`` (anything with ``run(argv, stdin, timeout)``
     returning an object with ``returncode``, ``stdout``, ``stderr``, e.g. ``remote.ssh``'s
@@ -794,7 +860,7 @@ def collect_remote(
     from ddtree_cli.errors import RemoteError  # package-only import: the script stays stdlib
 
     argv = [remote_python, "-"] + _options_to_argv(
-        python, unit, ports, disk_paths, health_url, probes, timeout
+        python, unit, ports, disk_paths, health_url, probes, timeout, checkpoints
     )
     # Budget: interpreter + torch + each probe may each use `timeout`; plus quick commands.
     overall = timeout * (2 + (len(PROBE_MODULES) if probes else 0)) + 120
@@ -831,6 +897,7 @@ def main(argv: list[str] | None = None) -> int:
         args.health_url,
         not args.no_probes,
         args.timeout,
+        checkpoints=dict(item.partition("=")[::2] for item in args.checkpoint),
     )
     # One line, so a caller can take the last JSON line even if something else printed.
     sys.stdout.write(json.dumps(facts, sort_keys=True) + "\n")

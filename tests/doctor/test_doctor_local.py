@@ -251,3 +251,27 @@ def test_health_and_port_owner_of_a_real_server_on_loopback():
     health = checks_of(result)["service.health"]
     assert health["status"] == "fail"
     assert "refused" in health["detail"].lower()
+
+
+def test_draft_layers_of_real_exported_checkpoints(tmp_path):
+    """Checkpoints written by the exporter, read by the facts collector through the CLI; the
+    drafter of the failed H200 attempt (reading the target's last layer) is caught."""
+    from ddtree_cli.engine.export import export_pair, random_export_pair
+
+    export_pair(random_export_pair(block_size=16), tmp_path / "ckpt", dtype="float32")
+    target, draft = tmp_path / "ckpt" / "target", tmp_path / "ckpt" / "draft"
+
+    def verdict() -> dict:
+        result = run_cli("doctor", "--python", sys.executable, "--no-probes", "--json",
+                         "--model-path", str(target), "--draft-model-path", str(draft))  # fmt: skip
+        return checks_of(result)["speculative.draft_layers"]
+
+    good = verdict()
+    assert good["status"] == "pass" and "layers [1, 2] of 4" in good["detail"]
+    config = json.loads((draft / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [1, 3]
+    (draft / "config.json").write_text(json.dumps(config))
+    bad = verdict()
+    assert bad["status"] == "fail" and "layer 3 is the target's last" in bad["detail"]
+    (draft / "config.json").write_text("{ broken")
+    assert verdict()["status"] == "skip"

@@ -265,3 +265,53 @@ def test_table_output_shows_the_difference_table(h200, a40, capsys, monkeypatch)
     row = next(line for line in out.splitlines() if line.startswith("│ torch CUDA"))
     assert "13.0" in row and "12.1" in row
     assert "ab.fairness" in out
+
+
+def test_checkpoint_paths_come_from_execstart():
+    from ddtree_cli.remote.facts import _arg_parser, _options_to_argv, checkpoint_paths
+
+    exec_start = (
+        "{ path=/v/bin/python ; argv[]=/v/bin/python -m sglang.launch_server --model-path /m/t "
+        "--speculative-draft-model-path=/m/d --api-key s3cret ; ignore_errors=no }"
+    )
+    assert checkpoint_paths(exec_start) == {"target": "/m/t", "draft": "/m/d"}
+    assert checkpoint_paths("{ argv[]=python -m sglang.launch_server --port 1 ; }") == {}
+    # What doctor passes to the script on a remote host comes back as the same mapping.
+    argv = _options_to_argv(None, None, (), (), None, True, 5.0, {"draft": "/m/d"})
+    args = _arg_parser().parse_args(argv)
+    assert dict(item.partition("=")[::2] for item in args.checkpoint) == {"draft": "/m/d"}
+
+
+def _ckpt_facts(ids, target_layers=4, declared=4, draft_layers=1):
+    dflash = {"block_size": 16, "target_layer_ids": ids, "num_target_layers": declared,
+              "mask_token_id": 257}  # fmt: skip
+    return {"checkpoints": {
+        "target": {"path": "/m/t", "local": True, "error": None,
+                   "config": {"num_hidden_layers": target_layers}},
+        "draft": {"path": "/m/d", "local": True, "error": None,
+                  "config": {"num_hidden_layers": draft_layers, "dflash_config": dflash}},
+    }}  # fmt: skip
+
+
+def test_draft_layers_rule():
+    check = doctor.check_draft_layers
+    assert check(_ckpt_facts([1, 2])).status is Status.PASS
+    # The drafter of the first H200 attempt: layers (1, 3) of a 4-layer target.
+    last = check(_ckpt_facts([1, 3]))
+    assert last.status is Status.FAIL and "layer 3 is the target's last" in last.detail
+    assert "target_layer_ids below 3" in last.fix
+    assert check(_ckpt_facts([-1, 2])).status is Status.FAIL
+    wrong = check(_ckpt_facts([1, 2], target_layers=8))
+    assert wrong.status is Status.FAIL and "made for a 4-layer target" in wrong.detail
+    # Without num_target_layers SGLang bounds the ids by the draft's own layer count.
+    bounded = check(_ckpt_facts([1, 2], declared=None))
+    assert bounded.status is Status.FAIL and "num_target_layers" in bounded.fix
+    assert check(_ckpt_facts([0], declared=None)).status is Status.PASS
+    # Nothing to judge: no draft, a hub id, a draft that is not DFlash.
+    assert check({"checkpoints": {}}).status is Status.SKIP
+    hub = {"checkpoints": {"draft": {"path": "org/draft", "local": False, "config": None,
+                                     "error": "not a local folder"}}}  # fmt: skip
+    assert check(hub).status is Status.SKIP
+    plain = _ckpt_facts([1])
+    plain["checkpoints"]["draft"]["config"].pop("dflash_config")
+    assert check(plain).status is Status.SKIP
