@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ddtree_cli import service
 from ddtree_cli.abi import SnapshotABI, run_abi_checks
+from ddtree_cli.checkpoints import check_draft_layers, launch_checkpoints
 from ddtree_cli.config import DeployConfig
 from ddtree_cli.errors import DdtreeError, RemoteError
 from ddtree_cli.remote import facts as host_facts
@@ -165,9 +166,12 @@ def preflight(conn: Connection, cfg: DeployConfig, host: HostSpec, python: str,
     facts = host_facts.collect_remote(_AsServiceUser(conn, cfg.user), python=python,
                                       unit=cfg.unit_name, ports=[port],
                                       disk_paths=[cfg.remote_dir], probes=cfg.preflight_gpu,
-                                      timeout=90)
+                                      timeout=90, checkpoints=launch_checkpoints(cfg.launch))
     rows = []
-    for verdict in run_abi_checks(facts, snapshot_abi(cfg.source, manifest)):
+    verdicts = run_abi_checks(facts, snapshot_abi(cfg.source, manifest))
+    # A draft SGLang cannot feed would pass every other check and fail the first request.
+    verdicts.append(check_draft_layers(facts))
+    for verdict in verdicts:
         if not cfg.preflight_gpu and verdict.id.startswith(GPU_CHECK_PREFIXES):
             continue
         rows.append(PreflightRow(verdict.id, verdict.status.value, verdict.detail, verdict.fix))

@@ -294,7 +294,8 @@ def _ckpt_facts(ids, target_layers=4, declared=4, draft_layers=1):
 
 
 def test_draft_layers_rule():
-    check = doctor.check_draft_layers
+    from ddtree_cli.checkpoints import check_draft_layers as check
+
     assert check(_ckpt_facts([1, 2])).status is Status.PASS
     # The drafter of the first H200 attempt: layers (1, 3) of a 4-layer target.
     last = check(_ckpt_facts([1, 3]))
@@ -315,3 +316,15 @@ def test_draft_layers_rule():
     plain = _ckpt_facts([1])
     plain["checkpoints"]["draft"]["config"].pop("dflash_config")
     assert check(plain).status is Status.SKIP
+
+
+def test_launch_checkpoints_only_for_sglang_launches():
+    from ddtree_cli.checkpoints import launch_checkpoints
+    from ddtree_cli.config import LaunchConfig
+
+    sglang = LaunchConfig(model_path="/m/t", draft_model_path="/m/d")
+    assert launch_checkpoints(sglang) == {"target": "/m/t", "draft": "/m/d"}
+    assert launch_checkpoints(LaunchConfig(model_path="Qwen/Qwen3-8B")) == {
+        "target": "Qwen/Qwen3-8B"
+    }
+    assert launch_checkpoints(LaunchConfig(kind="embedded", model_path="/m/t")) == {}
