@@ -194,10 +194,7 @@ def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel
     assert torch.equal(tied.gather(-1, ids_tt), tied.gather(-1, ids_tp)), "tied top-K ids"
     assert all(len(set(r)) == len(r) for r in ids_tt.reshape(-1, ids_tt.shape[-1]).tolist())
     for lp, ids in ((lp_p, ids_p), (lp_tp, ids_tp)):
-        tt = dt.build_tree_from_topk(lp, ids, budget, use_triton=True)
-        tp = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
-        for name in ("tokens", "parents", "depths", "visibility", "num_nodes", "scores"):
-            assert torch.equal(getattr(tt, name), getattr(tp, name)), name
+        check_tree_selects(lp, ids, budget)
     tp = dt.build_tree_from_topk(lp_p, ids_p, budget, use_triton=False)
     for numel in (mask_numel, mask_numel + 4099):  # exact, and a larger static buffer
         vt = dt.verify_inputs(tp, roots, prefix, mask_numel=numel, use_triton=True)
@@ -220,6 +217,20 @@ def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel
     cp = dt.compaction_indices(wp, budget + 1)
     for name in ("src_slots", "src_rows", "keep"):
         assert torch.equal(getattr(ct, name), getattr(cp, name)), name
+
+
+def check_tree_selects(lp, ids, budget, selects=dt._TREE_SELECTS) -> None:
+    """The tree kernel with each per-depth selection strategy against the PyTorch path."""
+    tp = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
+    chosen = dt._TUNING["tree_select"]
+    try:
+        for select in selects:
+            dt._TUNING["tree_select"] = select
+            tt = dt.build_tree_from_topk(lp, ids, budget, use_triton=True)
+            for name in ("tokens", "parents", "depths", "visibility", "num_nodes", "scores"):
+                assert torch.equal(getattr(tt, name), getattr(tp, name)), f"{select}: {name}"
+    finally:
+        dt._TUNING["tree_select"] = chosen
 
 
 def following_targets(tree: dt.DraftTree, vocab: int, gen: torch.Generator) -> torch.Tensor:
@@ -257,10 +268,14 @@ def main() -> int:
     ap.add_argument(
         "--tune",
         action="store_true",
-        help="first pick the kernels' warp divisors at batch 1 and 32, budget 64 (graph)",
+        help="first pick the kernels' warp divisors and the tree kernel's per-depth selection"
+        " at batch 1 and 32, budget 64 (graph)",
     )
     for key, default in dt._TUNING.items():
-        ap.add_argument("--" + key.replace("_", "-"), type=int, default=default)
+        choices = dt._TREE_SELECTS if key == "tree_select" else None
+        ap.add_argument(
+            "--" + key.replace("_", "-"), type=type(default), default=default, choices=choices
+        )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -352,9 +367,10 @@ def stage_inputs(args, dev, gen, b: int, budget: int) -> tuple:
 
 
 def tune(args, dev, gen) -> None:
-    """Pick each warp divisor by the summed graph time of its stage at the target cells."""
-    choices = {"select_div": (512, 256), "tree_div": (256, 128),
-               "row_div": (64,)}  # fmt: skip
+    """Pick each warp divisor, and the tree kernel's per-depth selection, by the summed graph
+    time of its stage at the target cells (the selection first, then the tree's warps)."""
+    choices = {"select_div": (512, 256), "tree_select": dt._TREE_SELECTS,
+               "tree_div": (256, 128), "row_div": (64,)}  # fmt: skip
     cells = []
     for b in (1, 32):
         cells.append(stage_inputs(args, dev, gen, b, 64))
@@ -363,7 +379,7 @@ def tune(args, dev, gen) -> None:
         logits, budget, lp, ids, tree, roots, prefix, numel, target = cell
         if key == "select_div":
             return [lambda: dt._triton_topk_logprobs(logits, budget)]
-        if key == "tree_div":
+        if key in ("tree_div", "tree_select"):
             return [lambda: dt.build_tree_from_topk(lp, ids, budget, use_triton=True)]
         return [
             lambda: dt.verify_inputs(tree, roots, prefix, mask_numel=numel, use_triton=True),
@@ -375,10 +391,13 @@ def tune(args, dev, gen) -> None:
         for opt in options:
             dt._TUNING[key] = opt
             try:
+                if key == "tree_select":  # only a strategy that builds the same trees
+                    for cell in cells:
+                        check_tree_selects(cell[2], cell[3], cell[1], selects=(opt,))
                 results[opt] = sum(
                     time_graph(fn, args.iters) for cell in cells for fn in stage_fns(key, cell)
                 )
-            except Exception as exc:  # a configuration that does not compile is skipped
+            except Exception as exc:  # a configuration that fails or differs is skipped
                 print(f"# tune {key}={opt}: {exc!r}"[:300], flush=True)
         if not results:
             dt._TUNING[key] = options[0]

@@ -626,8 +626,18 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 # inputs, one per request for the walk and its compaction indices. Triton is imported on
 # first use only.
 
-# Warps per program = clamp(widest tensor // divisor): the benchmark's --tune measures them.
-_TUNING: dict[str, int] = {"tree_div": 128, "select_div": 512, "row_div": 64}
+# Warps per program = clamp(widest tensor // divisor), and the tree kernel's per-depth
+# selection ("sort": tl.topk; "rank": every candidate's rank from pairwise comparisons, for
+# at most _RANK_MAX_CANDIDATES candidates, budgets up to 64): the benchmark's --tune measures
+# them.
+_TUNING: dict[str, int | str] = {
+    "tree_div": 128,
+    "select_div": 512,
+    "row_div": 64,
+    "tree_select": "sort",
+}
+_TREE_SELECTS = ("sort", "rank")
+_RANK_MAX_CANDIDATES = 256
 
 
 def _warps(widest: int, divisor: int, most: int = 8) -> int:
@@ -787,7 +797,7 @@ def _kernels():
         tokens, parents, depths, scores, num_nodes, vis,
         n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
         LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
-        D1: tl.constexpr,
+        D1: tl.constexpr, RANK: tl.constexpr,
     ):  # fmt: skip
         req = tl.program_id(0)
         n: tl.constexpr = budget + 1
@@ -815,12 +825,25 @@ def _kernels():
             # Prefetch the next depth's log-probs: they do not depend on this depth's result.
             nxt = tl.load(lp_r + tl.minimum(d + 1, n_pos - 1) * k + cr, mask=cm,
                           other=float("-inf"))  # fmt: skip
-            score = tl.where(cm, tl.gather(a, ci, 0) + logp, float("-inf"))
-            top = tl.topk(_tt_pack(score, c), BP)
-            a = _tt_value(top)
-            pick = _tt_index(top).to(tl.int32)
-            tl.store(s_r + d * budget + j, a, mask=jm)
-            tl.store(c_r + d * budget + j, tl.gather(pk, pick, 0), mask=jm)
+            if RANK:
+                # A_{d-1} from the buffer written by the previous depth (or above, for d = 1).
+                tl.debug_barrier()
+                prev = tl.load(s_r + (d - 1) * budget + ci, mask=cm, other=float("-inf"))
+                key = _tt_pack(tl.where(cm, prev + logp, float("-inf")), c)
+                # Keys are unique (they hold the candidate's index): the number of larger
+                # keys is the position in the descending order tl.topk would return.
+                above = key[None, :] > key[:, None]
+                rank = tl.sum(above.to(tl.int32), 1)
+                won = rank < budget
+                tl.store(s_r + d * budget + rank, _tt_value(key), mask=won)
+                tl.store(c_r + d * budget + rank, pk, mask=won)
+            else:
+                score = tl.where(cm, tl.gather(a, ci, 0) + logp, float("-inf"))
+                top = tl.topk(_tt_pack(score, c), BP)
+                a = _tt_value(top)
+                pick = _tt_index(top).to(tl.int32)
+                tl.store(s_r + d * budget + j, a, mask=jm)
+                tl.store(c_r + d * budget + j, tl.gather(pk, pick, 0), mask=jm)
             logp = nxt
         tl.debug_barrier()
         # The global top `budget` over all depths, ties by (depth, position).
@@ -1043,11 +1066,16 @@ def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
     lbp = max(bp, _pow2(n_pos * budget))
     # One request is one latency-bound program: few warps keep the sorts inside a warp.
     warps = _warps(max(cp, lbp), _TUNING["tree_div"])
+    select = _TUNING["tree_select"]
+    if select not in _TREE_SELECTS:
+        raise ValueError(f"tree_select must be one of {_TREE_SELECTS}, got {select!r}")
+    # The rank selection compares all CP x CP candidate pairs: above that size, sort.
+    rank = select == "rank" and cp <= _RANK_MAX_CANDIDATES
     _kernels()["tree"][(b,)](
         lp, ids, k, cand, n_cand, s_buf, c_buf,
         tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8),
         n_pos=n_pos, budget=budget, BP=bp, CP=cp, LBP=lbp, LP=_pow2(n_pos),
-        NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), num_warps=warps,
+        NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), RANK=rank, num_warps=warps,
     )  # fmt: skip
     return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)
 

@@ -50,6 +50,17 @@ def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int) ->
     print(f"ok b={b} L={n_pos} V={vocab} B={budget} ties={ties} accept_len={accept}")
 
 
+def check_tree(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int) -> None:
+    """The tree kernel alone (each per-depth selection strategy) at larger budgets."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, n_pos, vocab, generator=gen) * 2
+    if ties:
+        x = x.round()
+    lp, ids = dt.topk_logprobs(x.to(torch.bfloat16), budget)
+    gpu_bench.check_tree_selects(lp, ids, budget)
+    print(f"ok tree b={b} L={n_pos} V={vocab} B={budget} ties={ties} {dt._TREE_SELECTS}")
+
+
 CASES = [
     # (batch, positions, vocab, budget, ties)
     (2, 4, 3000, 16, False),  # fewer groups than K: every chunk is a candidate
@@ -63,7 +74,17 @@ CASES = [
     (1, 4, 64, 1, False),  # budget 1
 ]
 
+# The tree kernel alone: the full round's kernels are slow to interpret at these budgets.
+TREE_CASES = [
+    (1, 15, 1500, 64, False),  # the target shape: the most candidates "rank" handles (256)
+    (2, 4, 1500, 64, True),
+    (2, 5, 300, 48, True),  # a budget that is not a power of two
+    (1, 3, 1500, 128, True),  # above the "rank" limit: the sort runs
+]
+
 if __name__ == "__main__":
     for i, case in enumerate(CASES):
         check(*case, seed=i)
+    for i, case in enumerate(TREE_CASES):
+        check_tree(*case, seed=100 + i)
     sys.exit(0)
