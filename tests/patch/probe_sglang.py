@@ -117,13 +117,13 @@ for name, overrides in cases.items():
         entry["disable_overlap_schedule"] = resolved(args, "disable_overlap_schedule")
     out["handle"][name] = entry
 
-# --- budgets apart from the drafter's block (0.5.13): the block comes from the draft's
+# --- budgets apart from the drafter's block: the block comes from the draft's
 # dflash_config (16), the target's verify width is budget + 1.
+block16 = {**base, "speculative_draft_model_path": f"{MODELS}/draft16",
+           "speculative_num_draft_tokens": None}  # fmt: skip
 if not V2:
     from sglang.srt.mem_cache.common import get_alloc_len_per_decode  # noqa: E402
 
-    block16 = {**base, "speculative_draft_model_path": f"{MODELS}/draft16",
-               "speculative_num_draft_tokens": None}  # fmt: skip
     budget_cases = {
         "default": {}, "budget_8": {"speculative_ddtree_budget": 8},
         "budget_15": {"speculative_ddtree_budget": 15},
@@ -151,11 +151,39 @@ if not V2:
         out["budgets"][name] = entry
 
 else:
-    # 0.5.23 still verifies at the block size: a budget apart from it must be refused.
+    # 0.5.23: the same split, but a verify width below the block is refused (every size
+    # read from speculative_num_draft_tokens must hold the draft block as well).
+    from sglang.srt.arg_groups.overrides import (  # noqa: E402
+        max_speculative_num_draft_tokens as max_draft_tokens_of,
+    )
+
+    budget_cases = {
+        "default": {}, "budget_8": {"speculative_ddtree_budget": 8},
+        "budget_15": {"speculative_ddtree_budget": 15},
+        "budget_32": {"speculative_ddtree_budget": 32},
+        "budget_64": {"speculative_ddtree_budget": 64},
+        "budget_0": {"speculative_ddtree_budget": 0},
+        "budget_huge": {"speculative_ddtree_budget": 100000},
+        "explicit_block": {"speculative_dflash_block_size": 16, "speculative_ddtree_budget": 64},
+        "num_draft_tokens_block": {"speculative_num_draft_tokens": 16,
+                                   "speculative_ddtree_budget": 64},
+    }  # fmt: skip
     out["budgets"] = {}
-    for name, budget in (("budget_8", 8), ("budget_64", 64), ("budget_15", 15)):
-        args = server_args(**{**base, "speculative_ddtree_budget": budget})
-        out["budgets"][name] = {"error": error_of(lambda args=args: _handle_ddtree(args))}
+    for name, overrides in budget_cases.items():
+        args = server_args(**{**block16, **overrides})
+        err = error_of(lambda args=args: _handle_ddtree(args))
+        entry = {"error": err}
+        if err is None:
+            entry.update(
+                budget=resolved(args, "speculative_ddtree_budget"),
+                verify_width=resolved(args, "speculative_num_draft_tokens"),
+                block=resolved(args, "speculative_dflash_block_size"),
+                max_draft_tokens=max_draft_tokens_of(args),
+            )
+            err2 = error_of(lambda args=args: _handle_ddtree(args))  # a second pass
+            entry["rerun"] = [err2, resolved(args, "speculative_num_draft_tokens"),
+                              resolved(args, "speculative_dflash_block_size")]  # fmt: skip
+        out["budgets"][name] = entry
 
 # --- the workers know their algorithm
 if V2:
@@ -389,7 +417,7 @@ class FakeAllocator:
 
 
 def verify_round(budget: int) -> dict:
-    bs, d, vocab, hidden_size = 3, budget + 1, 48, 8
+    bs, d, vocab, hidden_size, block = 3, budget + 1, 48, 8, 16
     # A block-16 drafter drafts 15 positions, whatever the budget.
     tree = ddtree_tree.build_tree(torch.randn(bs, 15, vocab, generator=gen) * 4.0, budget)
     prefix = torch.tensor([4, 9, 0], dtype=torch.int32)
@@ -417,7 +445,7 @@ def verify_round(budget: int) -> dict:
 
         spec_tree.verify_tree_greedy_func = greedy_standin
         worker = TreeWorker.__new__(TreeWorker)
-        worker.block_size = d
+        worker.block_size, worker.verify_width = block, d
         worker._target_worker = types.SimpleNamespace(
             model_runner=types.SimpleNamespace(token_to_kv_pool_allocator=allocator)
         )
@@ -425,12 +453,15 @@ def verify_round(budget: int) -> dict:
         worker._verify_batch = types.SimpleNamespace(
             seq_lens=prefix.to(torch.int64), out_cache_loc=window.clone()
         )
+        # The caller hands over its [bs, block] token block (root + block - 1 drafts).
         accept_len, commit_lens, bonus, out_tokens, new_seq_lens = worker._accept_block(
-            candidates=candidates, next_token_logits=logits, sampling_info=None,
-            draft_input=None, prefix_lens=prefix.to(torch.int64), bs=bs,
+            candidates=candidates[:, :block].clone(), next_token_logits=logits,
+            sampling_info=None, draft_input=None, prefix_lens=prefix.to(torch.int64), bs=bs,
         )  # fmt: skip
         moved_hidden = worker._committed_target_hidden(hidden)
         round_facts.update(
+            out_tokens_shape=list(out_tokens.shape),
+            hidden_shape=list(moved_hidden.shape),
             commit_lens=commit_lens.tolist(),
             accept_len=accept_len.tolist(),
             bonus=bonus.tolist(),
@@ -456,7 +487,7 @@ def verify_round(budget: int) -> dict:
                 ),
             ],  # fmt: skip
             hidden_ok=all(
-                torch.equal(moved_hidden[b * d + k], hidden[b * d + int(walk.accepted[b, k])])
+                torch.equal(moved_hidden[b * block + k], hidden[b * d + int(walk.accepted[b, k])])
                 for b in range(bs)
                 for k in range(int(walk.accept_len[b]))
             ),
@@ -515,8 +546,10 @@ def verify_round(budget: int) -> dict:
 
 
 out["verify_round"] = verify_round(15)
-if not V2:  # a 64-node tree from a block-16 drafter: verify width 65
-    out["verify_round_64"] = verify_round(64)
+# a 64-node tree from a block-16 drafter: verify width 65
+out["verify_round_64"] = verify_round(64)
+if V2:
+    out["verify_round_32"] = verify_round(32)
 
 # --- who gets which width (0.5.13), with the arguments _handle_ddtree resolved for a
 # block-16 drafter and budget 64: the draft runner is built with the drafter's block, the
@@ -590,6 +623,92 @@ if not V2:
     out["widths"] = widths
     # arguments that did not go through _handle_ddtree: refused before any model loads
     out["tree_worker_unresolved"] = error_of(lambda: construct(TreeWorker, server_args(**base)))
+
+
+# --- who gets which width (0.5.23), with the resolved arguments published the way SGLang's
+# scheduler publishes them: each model runner's width comes through the algorithm's
+# target-verify hook, and the verify window is budget + 1 slots from the committed prefix.
+if V2:
+    from sglang.kernels.ops.speculative import cache_locs  # noqa: E402
+    from sglang.srt import runtime_context  # noqa: E402
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash  # noqa: E402
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator  # noqa: E402
+    from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
+    from sglang.srt.speculative import ddtree_worker_v2  # noqa: E402
+    from sglang.srt.speculative.spec_info import create_dummy_verify_input  # noqa: E402
+
+    def cache_locs_interpreted(*, req_pool_indices, req_to_token, start_offset, end_offset,
+                               batch_size, draft_token_num, device):  # fmt: skip
+        """assign_extend_cache_locs_func's GPU branch: SGLang's Triton kernel, run by the
+        interpreter (the function has no branch for a CPU build without sgl_kernel)."""
+        loc = torch.empty((batch_size * draft_token_num,), dtype=torch.int64)
+        cache_locs.assign_extend_cache_locs[(batch_size,)](
+            req_pool_indices, req_to_token, start_offset, end_offset, loc,
+            req_to_token.shape[1], cache_locs.next_power_of_2(batch_size),
+        )  # fmt: skip
+        return loc
+
+    ddtree_worker_v2.assign_extend_cache_locs_func = cache_locs_interpreted
+    widths = {}
+    for budget in (15, 64, "dflash"):  # DFLASH: unchanged, one width for both sides
+        is_dflash = budget == "dflash"
+        args = server_args(**{**block16, "speculative_algorithm": "DFLASH" if is_dflash else "DDTREE",
+                              "speculative_ddtree_budget": None if is_dflash else budget})  # fmt: skip
+        (_handle_dflash if is_dflash else _handle_ddtree)(args)
+        runtime_context.publish(args, role="scheduler")
+        algo_here = SpeculativeAlgorithm.from_string(resolved(args, "speculative_algorithm"))
+        seen = {
+            "spec_num_draft_tokens": runtime_context.get_spec().speculative_num_draft_tokens,
+            "max_draft_tokens": runtime_context.max_speculative_num_draft_tokens(),
+        }
+        for role, is_draft in (("target", False), ("draft", True)):
+            runner = types.SimpleNamespace(spec_algorithm=algo_here, is_draft_worker=is_draft)
+            per_req = ModelRunner.decode_num_tokens_per_req(runner)
+            dummy = create_dummy_verify_input(
+                algo_here, torch.ones(4, dtype=torch.bool), per_req, is_draft
+            )
+            seen[role] = [per_req, dummy.draft_token_num, dummy.custom_mask is not None]
+        if not is_dflash:
+            width, block = int(budget) + 1, 16
+            req_to_token = torch.arange(4 * 200, dtype=torch.int32).view(4, 200) + 1000
+            translator = KVIndexTranslator(
+                req_to_token=req_to_token, page_size=1, device="cpu",
+                token_to_kv_pool_allocator=types.SimpleNamespace(page_size=1),
+                token_to_kv_pool=object(),
+            )  # fmt: skip
+            pool_rows, prefix = torch.tensor([2, 0, 3]), torch.tensor([4, 9, 0])
+            block_loc = cache_locs_interpreted(
+                req_pool_indices=pool_rows, req_to_token=req_to_token, start_offset=prefix,
+                end_offset=prefix + block, batch_size=3, draft_token_num=block, device="cpu",
+            )  # fmt: skip
+            block_plan = translator.plan(
+                req_pool_indices=pool_rows, seq_lens=prefix, seq_lens_cpu=prefix.clone(),
+                write_virtual=block_loc, read_extent=block,
+            )  # fmt: skip
+            worker = TreeWorker.__new__(TreeWorker)
+            worker.block_size, worker.verify_width, worker.device = block, width, "cpu"
+            worker.model_runner = types.SimpleNamespace(
+                req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token)
+            )
+            worker._target_worker = types.SimpleNamespace(
+                model_runner=types.SimpleNamespace(kv_index_translator=translator)
+            )
+            plan, loc = worker._verify_window(
+                batch=types.SimpleNamespace(req_pool_indices=pool_rows), prefix_lens=prefix,
+                kv_loc_plan=block_plan, verify_out_cache_loc=block_loc,
+            )  # fmt: skip
+            expected = [req_to_token[r, p : p + width].tolist()
+                        for r, p in zip(pool_rows.tolist(), prefix.tolist(), strict=True)]  # fmt: skip
+            seen["window"] = {
+                "own_window": plan is not block_plan,
+                "slots_ok": loc.view(3, width).tolist() == expected,
+                "plan_writes_ok": torch.equal(plan.write_ids(translator), loc),
+                "read_extent": plan.read_extent,
+                "block_leads_it": torch.equal(loc.view(3, width)[:, :block].reshape(-1), block_loc),
+                "block_plan_kept": torch.equal(block_plan.write_ids(translator), block_loc),
+            }
+        widths[str(budget)] = seen
+    out["widths"] = widths
 
 
 # --- request validation (a stand-in request: validation reads two attributes)

@@ -95,8 +95,8 @@ def test_server_argument_validation(probe):
     assert "triton or flashinfer" in handle["fa3"]["error"] and "'fa3'" in handle["fa3"]["error"]
     if version == "0.5.13":  # the budget is apart from the block size
         assert handle["budget_7"] == {"error": None, "budget": 7, "disable_overlap_schedule": True}
-    else:
-        assert "--speculative-ddtree-budget" in handle["budget_7"]["error"]
+    else:  # 0.5.23: apart from it too, but the verify width may not be below the block
+        assert "--speculative-ddtree-budget >= block size - 1 (15)" in handle["budget_7"]["error"]
     hybrid = handle["hybrid"]["error"]
     assert "refuses hybrid target models" in hybrid and "qwen3_next" in hybrid
     assert "--speculative-ddtree-allow-hybrid" in hybrid
@@ -173,6 +173,8 @@ def test_verify_round_commits_the_accepted_path(probe):
         assert r["verify_ct"] == [1, 1, 1]
     else:
         assert r["commit_lens"] == r["walk_accept_len"]
+        assert r["out_tokens_shape"] == [3, 16]  # stride: the drafter's block
+        assert r["hidden_shape"] == [3 * 16, 8]  # [bs, block] rows for the draft KV
         assert r["accept_len"] == [n - 1 for n in r["commit_lens"]]
         assert r["bonus"] == r["walk_bonus"] and r["tokens_ok"]
         assert r["new_seq_lens"] == [
@@ -186,16 +188,24 @@ def test_verify_round_commits_the_accepted_path(probe):
 
 
 def test_budgets_apart_from_the_drafter_block(probe):
-    """A block-16 drafter (block size from its dflash_config) with budgets 8 to 64; the
-    0.5.23 series still verifies at the block size and must refuse other budgets."""
+    """A block-16 drafter (block size from its dflash_config) with budgets 8 to 64. 0.5.23
+    takes budgets >= block - 1 (a verify width of at least the block) and refuses less."""
     version, facts = probe
     budgets = facts["budgets"]
     if version == "0.5.23":
-        for name in ("budget_8", "budget_64"):
-            assert "DDTREE supports --speculative-ddtree-budget == block size - 1" in (
-                budgets[name]["error"] or ""
-            ), budgets[name]
-        assert budgets["budget_15"]["error"] is None  # block 16 in the shared base args
+        for name, budget in (("default", 15), ("budget_15", 15), ("budget_32", 32),
+                             ("budget_64", 64), ("explicit_block", 64),
+                             ("num_draft_tokens_block", 64)):  # fmt: skip
+            entry = budgets[name]
+            width = budget + 1
+            assert entry["error"] is None, (name, entry)
+            assert (entry["budget"], entry["verify_width"], entry["block"]) == (budget, width, 16)
+            # what allocation and logits sizing read: the larger of block and verify width
+            assert entry["max_draft_tokens"] == width
+            assert entry["rerun"] == [None, width, 16]  # resolving twice changes nothing
+        for bad in ("budget_8", "budget_0"):
+            assert "--speculative-ddtree-budget >= block size - 1 (15)" in budgets[bad]["error"]
+        assert "must be between 15 and 1024" in budgets["budget_huge"]["error"]
         return
     for name, budget in (("default", 15), ("budget_8", 8), ("budget_15", 15),
                          ("budget_32", 32), ("budget_64", 64), ("explicit_block", 64)):  # fmt: skip
@@ -210,9 +220,30 @@ def test_budgets_apart_from_the_drafter_block(probe):
         assert "--speculative-ddtree-budget must be between 1 and" in budgets[bad]["error"]
 
 
+@pytest.mark.parametrize("probe", ["0.5.23"], indirect=True)
+def test_each_runner_gets_its_width_v2(probe):
+    """0.5.23, with the resolved arguments published: the target runner is sized (graphs,
+    logits rows, warmup dummy with the tree mask) at budget + 1, the draft runner at its
+    block; the verify gets a window of budget + 1 slots that starts with the block's."""
+    _, facts = probe
+    chain = facts["widths"].pop("dflash")  # DFLASH keeps one width: the block
+    assert chain["spec_num_draft_tokens"] == chain["max_draft_tokens"] == 16
+    assert chain["target"] == [16, 16, False] and chain["draft"] == [16, 16, False]
+    for budget, seen in facts["widths"].items():
+        width = int(budget) + 1
+        assert seen["spec_num_draft_tokens"] == seen["max_draft_tokens"] == width
+        assert seen["target"] == [width, width, True]
+        assert seen["draft"] == [16, 16, False]
+        window = seen["window"]
+        assert window["own_window"] is (width != 16)  # budget 15: DFLASH's window as is
+        assert window["slots_ok"] and window["plan_writes_ok"]
+        assert window["read_extent"] == width
+        assert window["block_leads_it"] and window["block_plan_kept"]
+
+
 @pytest.mark.parametrize("probe", ["0.5.13"], indirect=True)
 def test_each_runner_gets_its_width(probe):
-    """0.5.13 only: 0.5.23's runners share one width (the refusal is tested above)."""
+    """0.5.13: the draft runner's own ServerArgs copy carries the block."""
     version, facts = probe
     chain = facts["widths"].pop("dflash")  # DFLASH keeps one width: the block
     assert chain["draft_num_draft_tokens"] == chain["verify_width"] == 16
@@ -242,8 +273,18 @@ def test_verify_inputs_at_budgets_8_and_64(probe):
         assert vi["deepest_accept_len"] >= 4
         if version == "0.5.23":
             assert vi["triton_kernel_mismatches"] == 0  # SGLang's own kernel at width 65
-    if version != "0.5.13":
-        return  # the 0.5.23 worker still verifies at the block size
+    if version == "0.5.23":  # the DDTREE v2 worker's round at verify widths 33 and 65
+        for name in ("verify_round_32", "verify_round_64"):
+            r = facts[name]
+            assert max(r["walk_accept_len"]) > 2
+            assert r["commit_lens"] == r["walk_accept_len"]
+            assert r["bonus"] == r["walk_bonus"] and r["tokens_ok"]
+            assert r["out_tokens_shape"] == [3, 16] and r["hidden_shape"] == [3 * 16, 8]
+            ((tgt, src),) = r["moves"]
+            n = len(r["expected_moves"][0])
+            assert [tgt[:n], src[:n]] == r["expected_moves"]
+            assert r["hidden_ok"]
+        return
     r = facts["verify_round_64"]
     assert max(r["walk_accept_len"]) > 2
     assert r["commit_lens"] == [*r["walk_accept_len"][:2], 2]
