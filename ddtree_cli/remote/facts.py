@@ -427,16 +427,22 @@ def redact(line: str) -> str:
     return line
 
 
-def parse_server_args(exec_start: str) -> dict:
-    """Whitelisted ``--flag value`` pairs from systemd's ``ExecStart={ ... argv[]=... ; }``."""
+def _exec_start_flags(exec_start: str, flags) -> dict:
+    """``--flag value`` / ``--flag=value`` pairs of ``flags`` from systemd's
+    ``ExecStart={ ... argv[]=... ; }``."""
     match = re.search(r"argv\[\]=(.*?)(?: ;|$)", exec_start or "")
     words = (match.group(1) if match else "").split()
     found = {}
     for i, word in enumerate(words):
         flag, sep, value = word.partition("=")
-        if flag in SERVER_FLAGS:
+        if flag in flags:
             found[flag] = value if sep else (words[i + 1] if i + 1 < len(words) else "")
     return found
+
+
+def parse_server_args(exec_start: str) -> dict:
+    """Whitelisted ``--flag value`` pairs from systemd's ``ExecStart={ ... argv[]=... ; }``."""
+    return _exec_start_flags(exec_start, SERVER_FLAGS)
 
 
 # Checkpoint folders named in ExecStart, by role; only their config.json is ever read.
@@ -447,16 +453,8 @@ _DFLASH_KEYS = ("block_size", "target_layer_ids", "num_target_layers", "mask_tok
 
 def checkpoint_paths(exec_start: str) -> dict:
     """``{role: path}`` of the target and draft checkpoints in an ExecStart."""
-    match = re.search(r"argv\[\]=(.*?)(?: ;|$)", exec_start or "")
-    words = (match.group(1) if match else "").split()
-    found = {}
-    for i, word in enumerate(words):
-        flag, sep, value = word.partition("=")
-        if flag in CHECKPOINT_FLAGS:
-            found[CHECKPOINT_FLAGS[flag]] = (
-                value if sep else (words[i + 1] if i + 1 < len(words) else "")
-            )
-    return found
+    found = _exec_start_flags(exec_start, CHECKPOINT_FLAGS)
+    return {CHECKPOINT_FLAGS[flag]: path for flag, path in found.items()}
 
 
 def checkpoint_facts(paths: dict) -> dict:

@@ -121,69 +121,50 @@ for name, overrides in cases.items():
 # dflash_config (16), the target's verify width is budget + 1.
 block16 = {**base, "speculative_draft_model_path": f"{MODELS}/draft16",
            "speculative_num_draft_tokens": None}  # fmt: skip
-if not V2:
-    from sglang.srt.mem_cache.common import get_alloc_len_per_decode  # noqa: E402
-
-    budget_cases = {
-        "default": {}, "budget_8": {"speculative_ddtree_budget": 8},
-        "budget_15": {"speculative_ddtree_budget": 15},
-        "budget_32": {"speculative_ddtree_budget": 32},
-        "budget_64": {"speculative_ddtree_budget": 64},
-        "budget_0": {"speculative_ddtree_budget": 0},
-        "budget_huge": {"speculative_ddtree_budget": 100000},
-        "explicit_block": {"speculative_dflash_block_size": 16, "speculative_ddtree_budget": 64},
-    }  # fmt: skip
-    out["budgets"] = {}
-    for name, overrides in budget_cases.items():
-        args = server_args(**{**block16, **overrides})
-        err = error_of(lambda args=args: _handle_ddtree(args))
-        entry = {"error": err}
-        if err is None:
-            entry.update(
-                budget=args.speculative_ddtree_budget,
-                verify_width=args.speculative_num_draft_tokens,
-                block=args.speculative_dflash_block_size,
-                alloc_len_per_decode=get_alloc_len_per_decode(args),
-            )
-            err2 = error_of(lambda args=args: _handle_ddtree(args))  # a second pass
-            entry["rerun"] = [err2, args.speculative_num_draft_tokens,
-                              args.speculative_dflash_block_size]  # fmt: skip
-        out["budgets"][name] = entry
-
-else:
+budget_cases = {
+    "default": {}, "budget_8": {"speculative_ddtree_budget": 8},
+    "budget_15": {"speculative_ddtree_budget": 15},
+    "budget_32": {"speculative_ddtree_budget": 32},
+    "budget_64": {"speculative_ddtree_budget": 64},
+    "budget_0": {"speculative_ddtree_budget": 0},
+    "budget_huge": {"speculative_ddtree_budget": 100000},
+    "explicit_block": {"speculative_dflash_block_size": 16, "speculative_ddtree_budget": 64},
+}  # fmt: skip
+if V2:
     # 0.5.23: the same split, but a verify width below the block is refused (every size
     # read from speculative_num_draft_tokens must hold the draft block as well).
     from sglang.srt.arg_groups.overrides import (  # noqa: E402
         max_speculative_num_draft_tokens as max_draft_tokens_of,
     )
 
-    budget_cases = {
-        "default": {}, "budget_8": {"speculative_ddtree_budget": 8},
-        "budget_15": {"speculative_ddtree_budget": 15},
-        "budget_32": {"speculative_ddtree_budget": 32},
-        "budget_64": {"speculative_ddtree_budget": 64},
-        "budget_0": {"speculative_ddtree_budget": 0},
-        "budget_huge": {"speculative_ddtree_budget": 100000},
-        "explicit_block": {"speculative_dflash_block_size": 16, "speculative_ddtree_budget": 64},
-        "num_draft_tokens_block": {"speculative_num_draft_tokens": 16,
-                                   "speculative_ddtree_budget": 64},
-    }  # fmt: skip
-    out["budgets"] = {}
-    for name, overrides in budget_cases.items():
-        args = server_args(**{**block16, **overrides})
-        err = error_of(lambda args=args: _handle_ddtree(args))
-        entry = {"error": err}
-        if err is None:
-            entry.update(
-                budget=resolved(args, "speculative_ddtree_budget"),
-                verify_width=resolved(args, "speculative_num_draft_tokens"),
-                block=resolved(args, "speculative_dflash_block_size"),
-                max_draft_tokens=max_draft_tokens_of(args),
-            )
-            err2 = error_of(lambda args=args: _handle_ddtree(args))  # a second pass
-            entry["rerun"] = [err2, resolved(args, "speculative_num_draft_tokens"),
-                              resolved(args, "speculative_dflash_block_size")]  # fmt: skip
-        out["budgets"][name] = entry
+    budget_cases["num_draft_tokens_block"] = {"speculative_num_draft_tokens": 16,
+                                              "speculative_ddtree_budget": 64}  # fmt: skip
+
+    def sizing(args):  # what memory sizing reads
+        return {"max_draft_tokens": max_draft_tokens_of(args)}
+else:
+    from sglang.srt.mem_cache.common import get_alloc_len_per_decode  # noqa: E402
+
+    def sizing(args):
+        return {"alloc_len_per_decode": get_alloc_len_per_decode(args)}
+
+
+out["budgets"] = {}
+for name, overrides in budget_cases.items():
+    args = server_args(**{**block16, **overrides})
+    err = error_of(lambda args=args: _handle_ddtree(args))
+    entry = {"error": err}
+    if err is None:
+        entry.update(
+            budget=resolved(args, "speculative_ddtree_budget"),
+            verify_width=resolved(args, "speculative_num_draft_tokens"),
+            block=resolved(args, "speculative_dflash_block_size"),
+            **sizing(args),
+        )
+        err2 = error_of(lambda args=args: _handle_ddtree(args))  # a second pass
+        entry["rerun"] = [err2, resolved(args, "speculative_num_draft_tokens"),
+                          resolved(args, "speculative_dflash_block_size")]  # fmt: skip
+    out["budgets"][name] = entry
 
 # --- the workers know their algorithm
 if V2:
