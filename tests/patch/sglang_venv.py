@@ -81,3 +81,16 @@ def ensure_venv(version: str) -> Path:
         # A venv's python finds its site-packages relative to pyvenv.cfg, so a rename works.
         os.replace(building, target)
     return python
+
+
+def venv_python(version: str) -> Path:
+    """The cached CPU venv's python for ``version``; if it cannot be built, the calling test
+    is skipped with the reason (a failure in CI, see ``tests.conftest.require``)."""
+    from tests.conftest import require
+
+    try:
+        return ensure_venv(version)
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        require(False, f"cannot build the SGLang {version} CPU venv: {exc}")
+        raise  # require() raises; this keeps type checkers and readers sure of it
+

@@ -16,8 +16,7 @@ import pytest
 from safetensors.torch import save_file
 
 from ddtree_cli.engine.export import export_pair, random_export_pair
-from tests.conftest import require
-from tests.patch.sglang_venv import ensure_venv
+from tests.patch.sglang_venv import venv_python
 from tests.unit.engine.helpers import full_forward
 
 pytestmark = [pytest.mark.sglang_import, pytest.mark.slow]
@@ -27,10 +26,7 @@ IDS = [5, 17, 200, 33, 33, 91, 4, 250, 128, 7, 64, 1, 99, 180, 2, 42, 259, 0, 11
 
 @pytest.fixture(scope="module")
 def probed(pristine_root, tmp_path_factory):
-    try:
-        python = ensure_venv("0.5.13")
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        require(False, f"cannot build the SGLang 0.5.13 CPU venv: {exc}")
+    python = venv_python("0.5.13")
     work = tmp_path_factory.mktemp("export")
     pair = random_export_pair(block_size=16, seed=3)
     result = export_pair(pair, work / "ckpt", dtype="float32")

@@ -18,8 +18,7 @@ import pytest
 
 from ddtree_cli.engine.export import export_pair, random_export_pair
 from ddtree_cli.patching import engine, snapshot
-from tests.conftest import require
-from tests.patch.sglang_venv import ensure_venv
+from tests.patch.sglang_venv import venv_python
 
 pytestmark = [pytest.mark.sglang_import, pytest.mark.slow]
 
@@ -37,10 +36,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def launch(pristine_root, tmp_path_factory):
-    try:
-        python = ensure_venv("0.5.13")
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        require(False, f"cannot build the SGLang 0.5.13 CPU venv: {exc}")
+    python = venv_python("0.5.13")
     work = tmp_path_factory.mktemp("launcher")
     root = work / "snapshot"
     shutil.copytree(pristine_root("0.5.13"), root)

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from ddtree_cli.patching import engine, snapshot
-from tests.conftest import require
 from tests.patch.conftest import VERSIONS
-from tests.patch.sglang_venv import ensure_venv
+from tests.patch.sglang_venv import venv_python
 
 pytestmark = [pytest.mark.sglang_import, pytest.mark.slow]
 PROBE = Path(__file__).with_name("probe_sglang.py")
@@ -46,10 +45,7 @@ def _model_configs(root: Path) -> Path:
 @pytest.fixture(scope="module", params=VERSIONS)
 def probe(request, pristine_root, tmp_path_factory):
     version = request.param
-    try:
-        python = ensure_venv(version)
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        require(False, f"cannot build the SGLang {version} CPU venv: {exc}")
+    python = venv_python(version)
     work = tmp_path_factory.mktemp(f"import-{version}")
     root = work / "snapshot"
     import shutil

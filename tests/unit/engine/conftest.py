@@ -1,11 +1,1 @@
-import pytest
-import torch
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny models: one intra-op thread is fastest, and other suites share the cores.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+from tests.engine_threads import one_thread  # noqa: F401  (autouse)
