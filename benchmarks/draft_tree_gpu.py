@@ -180,7 +180,7 @@ def check_against_reference(tree: dt.DraftTree, ref) -> None:
 def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel) -> None:
     """Each Triton kernel against the PyTorch path on the same inputs."""
     lp_t, ids_t = dt._triton_topk_logprobs(logits, budget)
-    lp_p, ids_p = dt.topk_logprobs(logits, budget)
+    lp_p, ids_p = dt.topk_logprobs(logits, budget, use_triton=False)
     assert torch.allclose(lp_t, lp_p, atol=1e-5), "top-K log-probs"
     # Equal bf16 logits may come in another order; the values at the ids must agree.
     assert torch.equal(logits.gather(-1, ids_t), logits.gather(-1, ids_p)), "top-K ids"
@@ -189,7 +189,7 @@ def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel
     tied[0, 0] = 0.0
     tied = tied.to(logits.dtype)
     lp_tt, ids_tt = dt._triton_topk_logprobs(tied, budget)
-    lp_tp, ids_tp = dt.topk_logprobs(tied, budget)
+    lp_tp, ids_tp = dt.topk_logprobs(tied, budget, use_triton=False)
     assert torch.allclose(lp_tt, lp_tp, atol=1e-5), "tied top-K log-probs"
     assert torch.equal(tied.gather(-1, ids_tt), tied.gather(-1, ids_tp)), "tied top-K ids"
     assert all(len(set(r)) == len(r) for r in ids_tt.reshape(-1, ids_tt.shape[-1]).tolist())
@@ -360,7 +360,7 @@ def stage_inputs(args, dev, gen, b: int, budget: int) -> tuple:
     prefix = torch.full((b,), args.prefix, dtype=torch.int64, device=dev)
     n = budget + 1
     numel = b * n * (args.prefix + n)
-    lp, ids = dt.topk_logprobs(logits, budget)
+    lp, ids = dt.topk_logprobs(logits, budget, use_triton=False)
     tree = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
     target = following_targets(tree, args.vocab, gen)
     return logits, budget, lp, ids, tree, roots, prefix, numel, target
@@ -420,7 +420,7 @@ def breakdown(args, dev, gen, triton_ok: bool) -> int:
                 if tri:
                     topk = lambda: dt._triton_topk_logprobs(logits, budget)  # noqa: E731
                 else:
-                    topk = lambda: dt.topk_logprobs(logits, budget)  # noqa: E731
+                    topk = lambda: dt.topk_logprobs(logits, budget, use_triton=False)  # noqa: E731
                 stages = {
                     "topk_lse": topk,
                     "tree": lambda tri=tri: dt.build_tree_from_topk(

@@ -196,12 +196,18 @@ class CompactionIndices:
 # ----------------------------------------------------------------------------- top-K
 
 
-def topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def topk_logprobs(
+    draft_logits: Tensor, k: int, *, use_triton: bool | None = None
+) -> tuple[Tensor, Tensor]:
     """Top-``k`` log-probabilities of every row of ``draft_logits [b, L, V]``.
 
     Returns ``(logprobs [b, L, k'] float32, ids [b, L, k'] int64)`` with ``k' = min(k, V)``,
     each row sorted descending. Any float dtype; computed in float32; floored at
     ``LOGPROB_FLOOR``.
+
+    ``use_triton``: as in :func:`build_tree`. On CUDA the fused kernels read the logits once
+    for the top-K and the log-sum-exp together (two launches, against ``torch.topk`` plus a
+    separate log-sum-exp pass over the vocabulary); equal logits may come in another order.
     """
     if draft_logits.dim() != 3:
         raise ValueError(
@@ -214,6 +220,8 @@ def topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
             draft_logits.new_empty((b, n_pos, 0), dtype=torch.float32),
             torch.empty((b, n_pos, 0), dtype=torch.int64, device=draft_logits.device),
         )
+    if _want_triton(draft_logits, use_triton):
+        return _triton_topk_logprobs(draft_logits, kk)
     # topk on the input dtype reads half the bytes of fp32; the order is the same.
     values, ids = torch.topk(draft_logits, kk, dim=-1, largest=True, sorted=True)
     lse = torch.logsumexp(draft_logits.float(), dim=-1, keepdim=True)
@@ -293,8 +301,8 @@ def build_tree(draft_logits: Tensor, budget: int, *, use_triton: bool | None = N
     budget = max(0, int(budget))
     if _want_triton(draft_logits, use_triton):
         return _triton_build_tree(draft_logits, budget)
-    logprobs, ids = topk_logprobs(draft_logits, budget)
-    return build_tree_from_topk(logprobs, ids, budget)
+    logprobs, ids = topk_logprobs(draft_logits, budget, use_triton=False)
+    return build_tree_from_topk(logprobs, ids, budget, use_triton=False)
 
 
 def build_tree_from_topk(

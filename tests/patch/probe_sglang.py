@@ -243,6 +243,7 @@ def triton_walk(candidates, retrieve_index, next_token, next_sibling, target_pre
 
 
 gen = torch.Generator().manual_seed(0)
+host_sized = {"checked": 0, "mismatches": 0}  # v1: the tree mask sized from host lengths
 wide = {}  # budget -> facts, for budgets apart from block - 1 (15 drafted positions)
 for budget in (15, 8, 64):  # 15 first: its draws are the ones the checks were written on
     mask_errors, position_errors, walk_mismatch, triton_mismatch, trials = [], 0, 0, 0, 0
@@ -254,6 +255,13 @@ for budget in (15, 8, 64):  # 15 first: its draws are the ones the checks were w
         prefix = torch.randint(0, 30, (bs,), generator=gen)
         roots = torch.randint(0, vocab, (bs,), generator=gen)
         vi = VerifyInput.from_tree(tree, roots, prefix)
+        if not V2:
+            host = VerifyInput.from_tree(tree, roots, prefix, prefix_lens_cpu=prefix.clone())
+            host_sized["checked"] += 1
+            host_sized["mismatches"] += int(
+                not torch.equal(host.custom_mask, vi.custom_mask)
+                or not torch.equal(host.draft_token, vi.draft_token)
+            )
         d = vi.draft_token_num
         widths.add(d)
         # Triton backend (TARGET_VERIFY): mask_indptr = cumsum(D * (seq_lens + D)); row q of
@@ -329,6 +337,7 @@ out["verify_input"] = {
     "deepest_accept_len": deepest,
     "draft_token_num": d,
     "retrieve_dtype": str(vi.retrieve_index.dtype),
+    "host_sized_mask": None if V2 else host_sized,
 }
 dummy_mask = torch.ones(8, dtype=torch.bool)
 target_dummy = VerifyInput.capture_dummy(
@@ -691,6 +700,42 @@ if V2:
         widths[str(budget)] = seen
     out["widths"] = widths
 
+
+# --- the draft head: top-K log-probs of the target's LM head at the drafted positions,
+# against log_softmax + topk over the same vocabulary (stand-in head: weight + shard_indices)
+from sglang.srt.speculative.ddtree_utils import draft_topk_logprobs  # noqa: E402
+
+
+def draft_head_case(num_org, padded, added, added_start, k, chunk_size):
+    hidden_size, bs, n_pos = 16, 3, 15
+    weight = torch.randn(padded + added, hidden_size, generator=gen)
+    head = types.SimpleNamespace(
+        weight=weight,
+        shard_indices=types.SimpleNamespace(
+            num_org_elements=num_org, num_org_elements_padded=padded,
+            num_added_elements=added, org_vocab_start_index=0,
+            added_vocab_start_index=added_start,
+        ),
+    )  # fmt: skip
+    hidden = torch.randn(bs, n_pos, hidden_size, generator=gen)
+    lp, ids = draft_topk_logprobs(hidden, head, k, None, chunk_size=chunk_size)
+    rows = torch.cat([weight[:num_org], weight[padded : padded + added]])
+    row_ids = torch.cat([torch.arange(num_org), added_start + torch.arange(added)])
+    ref = torch.log_softmax(hidden @ rows.T, dim=-1)
+    want_lp, want_pos = ref.topk(min(k, rows.shape[0]), dim=-1)
+    return {
+        "shape": list(lp.shape),
+        "ids_equal": bool(torch.equal(ids, row_ids[want_pos])),
+        "max_logprob_error": float((lp - want_lp).abs().max()),
+    }
+
+
+out["draft_head"] = {
+    # one part: the direct path; 45 rows in chunks of 16 (three chunks, the last short)
+    "one_part": draft_head_case(50, 50, 0, 0, k=8, chunk_size=16),
+    # an added vocabulary: two parts, merged
+    "added_vocab": draft_head_case(40, 48, 6, 48, k=8, chunk_size=16),
+}
 
 # --- request validation (a stand-in request: validation reads two attributes)
 from sglang.srt.speculative.ddtree_utils import validate_ddtree_request  # noqa: E402

@@ -129,6 +129,20 @@ def test_verify_input_matches_sglang_tree_verify(probe):
         assert (
             facts["prepare_page_size_4"] == "RuntimeError: DDTREE requires page_size == 1, got 4."
         )
+        # The worker sizes the tree mask from the batch's host lengths (no GPU read-back):
+        # the same mask and tokens as sizing it from the device lengths, every trial.
+        host = vi["host_sized_mask"]
+        assert host["checked"] == 12 + 4 + 4 and host["mismatches"] == 0
+
+
+def test_draft_head_is_the_exact_top_k(probe):
+    _, facts = probe
+    head = facts["draft_head"]
+    # one rank, one vocabulary part: chunks of the direct path; an added vocabulary: merged
+    for case in ("one_part", "added_vocab"):
+        assert head[case]["shape"] == [3, 15, 8], case
+        assert head[case]["ids_equal"], case
+        assert head[case]["max_logprob_error"] < 1e-5, case
 
 
 def test_request_validation_and_hidden_state_relay(probe):

@@ -38,7 +38,7 @@ def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int) ->
         x = x.round()  # hundreds of equal logits per row
         x[0, 0] = 0.0  # and one constant row
     x = x.to(torch.bfloat16)
-    lp, ids = dt.topk_logprobs(x, budget)
+    lp, ids = dt.topk_logprobs(x, budget, use_triton=False)
     tree = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
     roots = torch.randint(0, vocab, (b,), generator=gen)
     prefix = torch.randint(0, 9, (b,), generator=gen)
@@ -46,6 +46,10 @@ def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int) ->
     exact = int(dt.full_mask_numel(budget + 1, prefix))
     # The same comparison the GPU benchmark makes of the compiled kernels.
     gpu_bench.check_triton_against_torch(x, budget, roots, prefix, target, exact)
+    # The public entry point takes the fused kernels when asked (on a GPU: by default).
+    fused = dt.topk_logprobs(x, budget, use_triton=True)
+    for got, want in zip(fused, dt._triton_topk_logprobs(x, budget), strict=True):
+        assert torch.equal(got, want)
     accept = dt.verify_walk(tree, target, use_triton=False).accept_len.tolist()
     print(f"ok b={b} L={n_pos} V={vocab} B={budget} ties={ties} accept_len={accept}")
 
@@ -56,7 +60,7 @@ def check_tree(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: in
     x = torch.randn(b, n_pos, vocab, generator=gen) * 2
     if ties:
         x = x.round()
-    lp, ids = dt.topk_logprobs(x.to(torch.bfloat16), budget)
+    lp, ids = dt.topk_logprobs(x.to(torch.bfloat16), budget, use_triton=False)
     gpu_bench.check_tree_selects(lp, ids, budget)
     print(f"ok tree b={b} L={n_pos} V={vocab} B={budget} ties={ties} {dt._TREE_SELECTS}")
 
