@@ -247,6 +247,28 @@ def following_targets(tree: dt.DraftTree, vocab: int, gen: torch.Generator) -> t
     return torch.where(first_child >= 0, follow, target)
 
 
+def spiked(x: torch.Tensor, spike: int, gen: torch.Generator, height: float = 14.0) -> torch.Tensor:
+    """A drafter unsure at the first position, sure at the next ``spike`` ones (one token
+    ``height`` above the rest), unsure again after them: the tree follows the sure positions
+    deep, then the flat ones end it."""
+    vocab = x.shape[-1]
+    for p in range(1, min(spike + 1, x.shape[1])):
+        x[:, p, torch.randint(0, vocab, (1,), generator=gen)] += height
+    return x
+
+
+def draft_logits(shape: tuple, kind: str, gen: torch.Generator, dev) -> torch.Tensor:
+    """bf16 draft logits. ``random``: N(0, 2^2), a drafter unsure everywhere, whose best-first
+    trees are one or two levels deep (the tree kernel stops sorting after them). ``deep``: sure
+    at every position after the first (one token 25 above the rest: on a 152k vocabulary its
+    log-prob is about -0.003), so every level holds nodes and every depth is sorted (the tree
+    kernel's worst case)."""
+    x = torch.randn(shape, generator=gen) * 2.0
+    if kind == "deep":
+        x = spiked(x, shape[1], gen, height=25.0)
+    return x.to(dev, torch.bfloat16)
+
+
 # -------------------------------------------------------------------------------- main
 
 
@@ -257,6 +279,12 @@ def main() -> int:
     ap.add_argument("--positions", type=int, default=15)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--prefix", type=int, default=1024, help="tokens already in the KV cache")
+    ap.add_argument(
+        "--logits",
+        choices=("random", "deep"),
+        default="random",
+        help="random: shallow trees; deep: every depth used (see draft_logits)",
+    )
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--ref-iters", type=int, default=5)
     ap.add_argument("--no-triton", action="store_true")
@@ -293,7 +321,7 @@ def main() -> int:
     for b in [int(x) for x in args.batches.split(",") if x]:
         for budget in [int(x) for x in args.budgets.split(",")]:
             shape = (b, args.positions, args.vocab)
-            logits = (torch.randn(shape, generator=gen) * 2.0).to(dev, torch.bfloat16)
+            logits = draft_logits(shape, args.logits, gen, dev)
             roots = torch.randint(0, args.vocab, (b,), generator=gen).to(dev)
             prefix = torch.full((b,), args.prefix, dtype=torch.int64, device=dev)
             n = budget + 1
@@ -303,7 +331,9 @@ def main() -> int:
             ref = reference_round(logits, budget, roots, prefix, target)
             check_against_reference(tree, ref)
             torch_round = make_round(logits, budget, roots, prefix, target, mask_numel, False)
-            row = {"batch": b, "budget": budget}
+            depth = tree.depths.max(1).values.float()
+            row = {"batch": b, "budget": budget, "logits": args.logits,
+                   "tree_depth_mean": round(float(depth.mean()), 2)}  # fmt: skip
             if triton_ok:
                 triton_round = make_round(logits, budget, roots, prefix, target, mask_numel, True)
                 try:
@@ -342,6 +372,7 @@ def main() -> int:
                     "positions": args.positions,
                     "vocab": args.vocab,
                     "prefix": args.prefix,
+                    "logits": args.logits,
                 }
                 args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     if rows:
@@ -355,7 +386,7 @@ def stage_inputs(args, dev, gen, b: int, budget: int) -> tuple:
     """One cell's inputs for timing each stage alone: logits, budget, top-K log-probs and
     ids, a tree (PyTorch path), roots, prefix lengths, the exact mask size, targets."""
     shape = (b, args.positions, args.vocab)
-    logits = (torch.randn(shape, generator=gen) * 2.0).to(dev, torch.bfloat16)
+    logits = draft_logits(shape, args.logits, gen, dev)
     roots = torch.randint(0, args.vocab, (b,), generator=gen).to(dev)
     prefix = torch.full((b,), args.prefix, dtype=torch.int64, device=dev)
     n = budget + 1

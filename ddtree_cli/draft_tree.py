@@ -643,6 +643,7 @@ _TUNING: dict[str, int | str] = {
     "select_div": 512,
     "row_div": 64,
     "tree_select": "sort",
+    "tree_exit": 1,
 }
 _TREE_SELECTS = ("sort", "rank")
 _RANK_MAX_CANDIDATES = 256
@@ -805,7 +806,7 @@ def _kernels():
         tokens, parents, depths, scores, num_nodes, vis,
         n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
         LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
-        D1: tl.constexpr, RANK: tl.constexpr,
+        D1: tl.constexpr, RANK: tl.constexpr, EXIT: tl.constexpr,
     ):  # fmt: skip
         req = tl.program_id(0)
         n: tl.constexpr = budget + 1
@@ -829,10 +830,23 @@ def _kernels():
         ci = pk >> 16
         cr = pk & 0xFFFF
         logp = tl.load(lp_r + D1 * k + cr, mask=cm, other=float("-inf"))
+        # Early exit: the root's top `budget` children all exist, so the final tree's lowest
+        # score is at least the budget-th of them (t1; -inf when K < budget). A path's score
+        # only falls with depth, so once a depth's best candidate (the best parent's score
+        # plus the position's rank-0 log-prob) is below t1, no node at that depth or deeper
+        # can enter the tree: those depths are left empty instead of sorted.
+        # The best candidate at depth d is the best at d - 1 plus position d's rank 0, the
+        # same float32 sum the selection makes, so `best` tracks it exactly.
+        t1 = tl.max(tl.where(j == budget - 1, a, float("-inf")), 0)
+        best = tl.load(lp_r)
+        live = t1 == t1
         for d in range(1, n_pos):
             # Prefetch the next depth's log-probs: they do not depend on this depth's result.
             nxt = tl.load(lp_r + tl.minimum(d + 1, n_pos - 1) * k + cr, mask=cm,
                           other=float("-inf"))  # fmt: skip
+            if EXIT and not RANK:
+                best = best + tl.load(lp_r + d * k)
+                live = live & (best >= t1)
             if RANK:
                 # A_{d-1} from the buffer written by the previous depth (or above, for d = 1).
                 tl.debug_barrier()
@@ -845,13 +859,15 @@ def _kernels():
                 won = rank < budget
                 tl.store(s_r + d * budget + rank, _tt_value(key), mask=won)
                 tl.store(c_r + d * budget + rank, pk, mask=won)
-            else:
+            elif live:
                 score = tl.where(cm, tl.gather(a, ci, 0) + logp, float("-inf"))
                 top = tl.topk(_tt_pack(score, c), BP)
                 a = _tt_value(top)
                 pick = _tt_index(top).to(tl.int32)
                 tl.store(s_r + d * budget + j, a, mask=jm)
                 tl.store(c_r + d * budget + j, tl.gather(pk, pick, 0), mask=jm)
+            else:
+                tl.store(s_r + d * budget + j, tl.full([BP], float("-inf"), tl.float32), mask=jm)
             logp = nxt
         tl.debug_barrier()
         # The global top `budget` over all depths, ties by (depth, position).
@@ -1083,7 +1099,8 @@ def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
         lp, ids, k, cand, n_cand, s_buf, c_buf,
         tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8),
         n_pos=n_pos, budget=budget, BP=bp, CP=cp, LBP=lbp, LP=_pow2(n_pos),
-        NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), RANK=rank, num_warps=warps,
+        NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), RANK=rank,
+        EXIT=bool(_TUNING["tree_exit"]), num_warps=warps,
     )  # fmt: skip
     return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)
 

@@ -31,14 +31,35 @@ def _patch_with_index(tensor, scope):
 interpreter._patch_lang_tensor = _patch_with_index
 
 
-def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int) -> None:
+def exit_depths(lp: torch.Tensor, budget: int) -> list:
+    """Per request, the depth at which the tree kernel's early exit stops sorting (None: it
+    sorts every depth), computed from the rule itself: the best candidate at depth d is the
+    best at depth d - 1 plus position d's rank-0 log-prob; the exit bound is the root's
+    budget-th child."""
+    out = []
+    for row in lp:
+        t1 = float(row[0, budget - 1]) if row.shape[1] >= budget else float("-inf")
+        best, stop = float(row[0, 0]), None
+        for d in range(1, row.shape[0]):
+            best += float(row[d, 0])
+            if best < t1:
+                stop = d + 1  # depths are 1-based: the root's children are depth 1
+                break
+        out.append(stop)
+    return out
+
+
+def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int,
+          spike: int = 0, want_exit=...) -> None:  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(b, n_pos, vocab, generator=gen) * 2
+    x = gpu_bench.spiked(torch.randn(b, n_pos, vocab, generator=gen) * 2, spike, gen)
     if ties:
         x = x.round()  # hundreds of equal logits per row
         x[0, 0] = 0.0  # and one constant row
     x = x.to(torch.bfloat16)
     lp, ids = dt.topk_logprobs(x, budget, use_triton=False)
+    exits = exit_depths(lp, budget)
+    assert want_exit is ... or exits == want_exit, exits
     tree = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
     roots = torch.randint(0, vocab, (b,), generator=gen)
     prefix = torch.randint(0, 9, (b,), generator=gen)
@@ -51,18 +72,22 @@ def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int) ->
     for got, want in zip(fused, dt._triton_topk_logprobs(x, budget), strict=True):
         assert torch.equal(got, want)
     accept = dt.verify_walk(tree, target, use_triton=False).accept_len.tolist()
-    print(f"ok b={b} L={n_pos} V={vocab} B={budget} ties={ties} accept_len={accept}")
+    print(f"ok b={b} L={n_pos} V={vocab} B={budget} ties={ties} exit={exits} accept_len={accept}")
 
 
-def check_tree(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int) -> None:
+def check_tree(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int,
+               spike: int = 0, want_exit=...) -> None:  # fmt: skip
     """The tree kernel alone (each per-depth selection strategy) at larger budgets."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(b, n_pos, vocab, generator=gen) * 2
+    x = gpu_bench.spiked(torch.randn(b, n_pos, vocab, generator=gen) * 2, spike, gen)
     if ties:
         x = x.round()
     lp, ids = dt.topk_logprobs(x.to(torch.bfloat16), budget, use_triton=False)
+    exits = exit_depths(lp, budget)
+    assert want_exit is ... or exits == want_exit, exits
     gpu_bench.check_tree_selects(lp, ids, budget)
-    print(f"ok tree b={b} L={n_pos} V={vocab} B={budget} ties={ties} {dt._TREE_SELECTS}")
+    print(f"ok tree b={b} L={n_pos} V={vocab} B={budget} ties={ties} exit={exits} "
+          f"{dt._TREE_SELECTS}")  # fmt: skip
 
 
 CASES = [
@@ -76,6 +101,9 @@ CASES = [
     (2, 3, 10, 16, False),  # vocab below the budget: K = V, padding slots
     (1, 1, 100, 5, False),  # one position
     (1, 4, 64, 1, False),  # budget 1
+    # The early exit: sure for 3 positions, then flat -> the kernel stops sorting mid-way
+    # (at depth 5 and 6: `exit` is the first depth left unsorted, 1-based).
+    (2, 8, 3000, 16, False, 3, [5, 6]),
 ]
 
 # The tree kernel alone: the full round's kernels are slow to interpret at these budgets.
@@ -84,11 +112,13 @@ TREE_CASES = [
     (2, 4, 1500, 64, True),
     (2, 5, 300, 48, True),  # a budget that is not a power of two
     (1, 3, 1500, 128, True),  # above the "rank" limit: the sort runs
+    (1, 15, 1500, 64, False, 15, [None]),  # sure everywhere: every depth sorted, no exit
+    (2, 15, 1500, 64, False, 6, ...),  # the exit after a deep start, at the target shape
 ]
 
 if __name__ == "__main__":
     for i, case in enumerate(CASES):
-        check(*case, seed=i)
+        check(*case[:5], i, *case[5:])
     for i, case in enumerate(TREE_CASES):
-        check_tree(*case, seed=100 + i)
+        check_tree(*case[:5], 100 + i, *case[5:])
     sys.exit(0)
