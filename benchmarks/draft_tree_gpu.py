@@ -320,14 +320,8 @@ def main() -> int:
     print(f"# tuning {json.dumps(dt._TUNING)}", flush=True)
     for b in [int(x) for x in args.batches.split(",") if x]:
         for budget in [int(x) for x in args.budgets.split(",")]:
-            shape = (b, args.positions, args.vocab)
-            logits = draft_logits(shape, args.logits, gen, dev)
-            roots = torch.randint(0, args.vocab, (b,), generator=gen).to(dev)
-            prefix = torch.full((b,), args.prefix, dtype=torch.int64, device=dev)
-            n = budget + 1
-            mask_numel = b * n * (args.prefix + n)
-            tree = dt.build_tree(logits, budget, use_triton=False)
-            target = following_targets(tree, args.vocab, gen)
+            cell = stage_inputs(args, dev, gen, b, budget)
+            logits, _, _, _, tree, roots, prefix, mask_numel, target = cell
             ref = reference_round(logits, budget, roots, prefix, target)
             check_against_reference(tree, ref)
             torch_round = make_round(logits, budget, roots, prefix, target, mask_numel, False)
