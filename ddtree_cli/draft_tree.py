@@ -834,12 +834,12 @@ def _kernels():
         # score is at least the budget-th of them (t1; -inf when K < budget). A path's score
         # only falls with depth, so once a depth's best candidate (the best parent's score
         # plus the position's rank-0 log-prob) is below t1, no node at that depth or deeper
-        # can enter the tree: those depths are left empty instead of sorted.
-        # The best candidate at depth d is the best at d - 1 plus position d's rank 0, the
-        # same float32 sum the selection makes, so `best` tracks it exactly.
+        # can enter the tree: those depths are left empty instead of sorted. The best
+        # candidate at depth d is the best at d - 1 plus position d's rank 0, the same
+        # float32 sum the selection makes, so `best` tracks it exactly.
         t1 = tl.max(tl.where(j == budget - 1, a, float("-inf")), 0)
         best = tl.load(lp_r)
-        live = t1 == t1
+        live = t1 == t1  # True, as a runtime scalar the loop can carry
         for d in range(1, n_pos):
             # Prefetch the next depth's log-probs: they do not depend on this depth's result.
             nxt = tl.load(lp_r + tl.minimum(d + 1, n_pos - 1) * k + cr, mask=cm,

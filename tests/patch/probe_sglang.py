@@ -107,15 +107,23 @@ cases = {
     "hybrid": {"model_path": f"{MODELS}/hybrid"},
     "hybrid_override": {"model_path": f"{MODELS}/hybrid", "speculative_ddtree_allow_hybrid": True},
 }
-out["handle"] = {}
-for name, overrides in cases.items():
-    args = server_args(**{**base, **overrides})
-    err = error_of(lambda args=args: _handle_ddtree(args))
-    entry = {"error": err}
-    if err is None:
-        entry["budget"] = resolved(args, "speculative_ddtree_budget")
-        entry["disable_overlap_schedule"] = resolved(args, "disable_overlap_schedule")
-    out["handle"][name] = entry
+
+
+def handled(common: dict, case_overrides: dict, record) -> dict:
+    """Per case: _handle_ddtree on common + the case's overrides; its error, and what
+    ``record(args)`` reads from the resolved arguments when there was none."""
+    facts = {}
+    for name, overrides in case_overrides.items():
+        args = server_args(**{**common, **overrides})
+        err = error_of(lambda args=args: _handle_ddtree(args))
+        facts[name] = {"error": err, **(record(args) if err is None else {})}
+    return facts
+
+
+out["handle"] = handled(base, cases, lambda args: {
+    "budget": resolved(args, "speculative_ddtree_budget"),
+    "disable_overlap_schedule": resolved(args, "disable_overlap_schedule"),
+})  # fmt: skip
 
 # --- budgets apart from the drafter's block: the block comes from the draft's
 # dflash_config (16), the target's verify width is budget + 1.
@@ -149,22 +157,20 @@ else:
         return {"alloc_len_per_decode": get_alloc_len_per_decode(args)}
 
 
-out["budgets"] = {}
-for name, overrides in budget_cases.items():
-    args = server_args(**{**block16, **overrides})
-    err = error_of(lambda args=args: _handle_ddtree(args))
-    entry = {"error": err}
-    if err is None:
-        entry.update(
-            budget=resolved(args, "speculative_ddtree_budget"),
-            verify_width=resolved(args, "speculative_num_draft_tokens"),
-            block=resolved(args, "speculative_dflash_block_size"),
-            **sizing(args),
-        )
-        err2 = error_of(lambda args=args: _handle_ddtree(args))  # a second pass
-        entry["rerun"] = [err2, resolved(args, "speculative_num_draft_tokens"),
-                          resolved(args, "speculative_dflash_block_size")]  # fmt: skip
-    out["budgets"][name] = entry
+def resolved_widths(args) -> dict:
+    entry = {
+        "budget": resolved(args, "speculative_ddtree_budget"),
+        "verify_width": resolved(args, "speculative_num_draft_tokens"),
+        "block": resolved(args, "speculative_dflash_block_size"),
+        **sizing(args),
+    }
+    err2 = error_of(lambda: _handle_ddtree(args))  # a second pass
+    entry["rerun"] = [err2, resolved(args, "speculative_num_draft_tokens"),
+                      resolved(args, "speculative_dflash_block_size")]  # fmt: skip
+    return entry
+
+
+out["budgets"] = handled(block16, budget_cases, resolved_widths)
 
 # --- the workers know their algorithm
 if V2:
