@@ -194,7 +194,7 @@ def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel
     assert torch.equal(tied.gather(-1, ids_tt), tied.gather(-1, ids_tp)), "tied top-K ids"
     assert all(len(set(r)) == len(r) for r in ids_tt.reshape(-1, ids_tt.shape[-1]).tolist())
     for lp, ids in ((lp_p, ids_p), (lp_tp, ids_tp)):
-        check_tree_selects(lp, ids, budget)
+        check_tree(lp, ids, budget)
     tp = dt.build_tree_from_topk(lp_p, ids_p, budget, use_triton=False)
     for numel in (mask_numel, mask_numel + 4099):  # exact, and a larger static buffer
         vt = dt.verify_inputs(tp, roots, prefix, mask_numel=numel, use_triton=True)
@@ -219,18 +219,18 @@ def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel
         assert torch.equal(getattr(ct, name), getattr(cp, name)), name
 
 
-def check_tree_selects(lp, ids, budget, selects=dt._TREE_SELECTS) -> None:
-    """The tree kernel with each per-depth selection strategy against the PyTorch path."""
+def check_tree(lp, ids, budget) -> None:
+    """The tree kernel against the PyTorch path, with its floor from chains and without."""
     tp = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
-    chosen = dt._TUNING["tree_select"]
+    chosen = dt._TUNING["tree_exit"]
     try:
-        for select in selects:
-            dt._TUNING["tree_select"] = select
+        for exit_on in (1, 0):
+            dt._TUNING["tree_exit"] = exit_on
             tt = dt.build_tree_from_topk(lp, ids, budget, use_triton=True)
             for name in ("tokens", "parents", "depths", "visibility", "num_nodes", "scores"):
-                assert torch.equal(getattr(tt, name), getattr(tp, name)), f"{select}: {name}"
+                assert torch.equal(getattr(tt, name), getattr(tp, name)), f"exit {exit_on}: {name}"
     finally:
-        dt._TUNING["tree_select"] = chosen
+        dt._TUNING["tree_exit"] = chosen
 
 
 def following_targets(tree: dt.DraftTree, vocab: int, gen: torch.Generator) -> torch.Tensor:
@@ -259,13 +259,18 @@ def spiked(x: torch.Tensor, spike: int, gen: torch.Generator, height: float = 14
 
 def draft_logits(shape: tuple, kind: str, gen: torch.Generator, dev) -> torch.Tensor:
     """bf16 draft logits. ``random``: N(0, 2^2), a drafter unsure everywhere, whose best-first
-    trees are one or two levels deep (the tree kernel stops sorting after them). ``deep``: sure
-    at every position after the first (one token 25 above the rest: on a 152k vocabulary its
-    log-prob is about -0.003), so every level holds nodes and every depth is sorted (the tree
-    kernel's worst case)."""
+    trees are one or two levels deep (the tree kernel stops after them). ``deep``: sure at
+    every position after the first (one token 25 above the rest: on a 152k vocabulary its
+    log-prob is about -0.003), so the tree is a few chains 15 levels deep and only rank-0
+    children can enter it (the tree kernel's rank-0 shortcut, no sort). ``branchy``: after the
+    first position, two likely tokens per position (25 and 24 added to two of the N(0, 2^2)
+    logits), so the tree is about ten levels deep and branches on the way (levels sorted)."""
     x = torch.randn(shape, generator=gen) * 2.0
     if kind == "deep":
         x = spiked(x, shape[1], gen, height=25.0)
+    elif kind == "branchy":
+        x = spiked(x, shape[1], gen, height=25.0)
+        x = spiked(x, shape[1], gen, height=24.0)
     return x.to(dev, torch.bfloat16)
 
 
@@ -281,9 +286,10 @@ def main() -> int:
     ap.add_argument("--prefix", type=int, default=1024, help="tokens already in the KV cache")
     ap.add_argument(
         "--logits",
-        choices=("random", "deep"),
+        choices=("random", "deep", "branchy"),
         default="random",
-        help="random: shallow trees; deep: every depth used (see draft_logits)",
+        help="random: shallow trees; deep: sure chains; branchy: deep and branching"
+        " (see draft_logits)",
     )
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--ref-iters", type=int, default=5)
@@ -296,14 +302,10 @@ def main() -> int:
     ap.add_argument(
         "--tune",
         action="store_true",
-        help="first pick the kernels' warp divisors and the tree kernel's per-depth selection"
-        " at batch 1 and 32, budget 64 (graph)",
+        help="first pick the kernels' warp divisors at batch 1 and 32, budget 64 (graph)",
     )
     for key, default in dt._TUNING.items():
-        choices = dt._TREE_SELECTS if key == "tree_select" else None
-        ap.add_argument(
-            "--" + key.replace("_", "-"), type=type(default), default=default, choices=choices
-        )
+        ap.add_argument("--" + key.replace("_", "-"), type=type(default), default=default)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -392,10 +394,8 @@ def stage_inputs(args, dev, gen, b: int, budget: int) -> tuple:
 
 
 def tune(args, dev, gen) -> None:
-    """Pick each warp divisor, and the tree kernel's per-depth selection, by the summed graph
-    time of its stage at the target cells (the selection first, then the tree's warps)."""
-    choices = {"select_div": (512, 256), "tree_select": dt._TREE_SELECTS,
-               "tree_div": (256, 128), "row_div": (64,)}  # fmt: skip
+    """Pick each warp divisor by the summed graph time of its stage at the target cells."""
+    choices = {"select_div": (512, 256), "tree_div": (256, 128), "row_div": (64,)}
     cells = []
     for b in (1, 32):
         cells.append(stage_inputs(args, dev, gen, b, 64))
@@ -404,7 +404,7 @@ def tune(args, dev, gen) -> None:
         logits, budget, lp, ids, tree, roots, prefix, numel, target = cell
         if key == "select_div":
             return [lambda: dt._triton_topk_logprobs(logits, budget)]
-        if key in ("tree_div", "tree_select"):
+        if key == "tree_div":
             return [lambda: dt.build_tree_from_topk(lp, ids, budget, use_triton=True)]
         return [
             lambda: dt.verify_inputs(tree, roots, prefix, mask_numel=numel, use_triton=True),
@@ -416,13 +416,10 @@ def tune(args, dev, gen) -> None:
         for opt in options:
             dt._TUNING[key] = opt
             try:
-                if key == "tree_select":  # only a strategy that builds the same trees
-                    for cell in cells:
-                        check_tree_selects(cell[2], cell[3], cell[1], selects=(opt,))
                 results[opt] = sum(
                     time_graph(fn, args.iters) for cell in cells for fn in stage_fns(key, cell)
                 )
-            except Exception as exc:  # a configuration that fails or differs is skipped
+            except Exception as exc:  # a configuration that fails is skipped
                 print(f"# tune {key}={opt}: {exc!r}"[:300], flush=True)
         if not results:
             dt._TUNING[key] = options[0]

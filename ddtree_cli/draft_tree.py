@@ -30,6 +30,14 @@ where ``(i+1)(r+2) <= B`` can be in the tree (a tree holding it also holds the
 staircase), which leaves fewer than ``B ln B`` candidates per depth. The tree is then the top
 ``B`` of all ``A_d`` together.
 
+The Triton tree kernel (CUDA) adds a floor under the tree's scores: chain ``j`` is root child
+``j`` followed by rank 0 at every later position, and the chains of root children ``0..j`` cut
+at depths ``1..h`` are ``(j+1) h`` paths scoring at least chain ``j`` at depth ``h``; with
+``h = ceil(B / (j+1))`` the best such chain is a floor. Depths whose best candidate is below it
+are not built, a depth where even the best parent's second child is below it is ``A_{d-1}``
+plus the rank-0 log-prob (no sort), and the final choice sorts only the entries at or above
+it. All three are exact: the trees are the PyTorch path's, node for node.
+
 Ties are broken so that an ancestor always comes before its descendants: within a depth by
 (score desc, parent position asc, rank asc), across depths by (score desc, depth asc,
 position asc). Hence the selected nodes of each depth are a prefix of ``A_d`` and the set is
@@ -634,19 +642,15 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 # inputs, one per request for the walk and its compaction indices. Triton is imported on
 # first use only.
 
-# Warps per program = clamp(widest tensor // divisor), and the tree kernel's per-depth
-# selection ("sort": tl.topk; "rank": every candidate's rank from pairwise comparisons, for
-# at most _RANK_MAX_CANDIDATES candidates, budgets up to 64): the benchmark's --tune measures
-# them.
-_TUNING: dict[str, int | str] = {
+# Warps per program = clamp(widest tensor // divisor), which the benchmark's --tune picks;
+# and whether the tree kernel computes its floor from chains (the exit, the rank-0 shortcut
+# and the compacted final choice need it): on by default, off only to measure what it saves.
+_TUNING: dict[str, int] = {
     "tree_div": 128,
     "select_div": 512,
     "row_div": 64,
-    "tree_select": "sort",
     "tree_exit": 1,
 }
-_TREE_SELECTS = ("sort", "rank")
-_RANK_MAX_CANDIDATES = 256
 
 
 def _warps(widest: int, divisor: int, most: int = 8) -> int:
@@ -802,11 +806,11 @@ def _kernels():
 
     @triton.jit
     def tree(
-        lp, ids, k, cand, n_cand, s_buf, c_buf,
+        lp, ids, k, cand, n_cand, s_buf, c_buf, scratch,
         tokens, parents, depths, scores, num_nodes, vis,
         n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
         LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
-        D1: tl.constexpr, RANK: tl.constexpr, EXIT: tl.constexpr,
+        D1: tl.constexpr, BOUND: tl.constexpr,
     ):  # fmt: skip
         req = tl.program_id(0)
         n: tl.constexpr = budget + 1
@@ -819,6 +823,7 @@ def _kernels():
         ids_r = ids + req * n_pos * k
         s_r = s_buf + req * n_pos * budget
         c_r = c_buf + req * n_pos * budget
+        scr = scratch + req.to(tl.int64) * (2 * BP)
         j = tl.arange(0, BP)
         jm = j < budget
         # A_1: the top ranks of position 1, children of the root.
@@ -830,53 +835,77 @@ def _kernels():
         ci = pk >> 16
         cr = pk & 0xFFFF
         logp = tl.load(lp_r + D1 * k + cr, mask=cm, other=float("-inf"))
-        # Early exit: the root's top `budget` children all exist, so the final tree's lowest
-        # score is at least the budget-th of them (t1; -inf when K < budget). A path's score
-        # only falls with depth, so once a depth's best candidate (the best parent's score
-        # plus the position's rank-0 log-prob) is below t1, no node at that depth or deeper
-        # can enter the tree: those depths are left empty instead of sorted. The best
-        # candidate at depth d is the best at d - 1 plus position d's rank 0, the same
-        # float32 sum the selection makes, so `best` tracks it exactly.
-        t1 = tl.max(tl.where(j == budget - 1, a, float("-inf")), 0)
-        best = tl.load(lp_r)
-        live = t1 == t1  # True, as a runtime scalar the loop can carry
-        for d in range(1, n_pos):
+        if BOUND:
+            # A floor under the final tree's scores, from chains: root child j followed by
+            # rank 0 at each later position. The chains of root children 0..j cut at depths
+            # 1..h are (j + 1) * h distinct paths scoring at least chain j at depth h (ranks
+            # and rank-0 steps are sorted, and adding a log-prob <= 0 never raises a float32
+            # sum), so with h = ceil(budget / (j + 1)) the tree's lowest score is at least
+            # that chain's: the bound is the best such chain over j. It is summed in the
+            # order the selection sums (parent + log-prob), so it is the same float32 number.
+            # Nothing below it can enter the tree. The best candidate at each depth (best
+            # parent + rank 0) falls with depth too: the depths whose best is below the
+            # bound, and all deeper ones, are left empty instead of sorted.
+            h = (budget + j) // (j + 1)
+            chain = tl.where(h == 1, a, float("-inf"))
+            lv = tl.arange(0, LP)
+            best = tl.load(lp_r)
+            bests = tl.full([LP], float("-inf"), tl.float32)
+            chain_v = a
+            for d in tl.static_range(1, n_pos):
+                y0 = tl.load(lp_r + d * k)
+                chain_v = chain_v + y0
+                chain = tl.where(h == d + 1, chain_v, chain)
+                best = best + y0
+                bests = tl.where(lv == d, best, bests)
+            bound = tl.max(tl.where(jm, chain, float("-inf")), 0)
+            live = (lv >= 1) & (lv < n_pos) & (bests >= bound)
+            d_end = 1 + tl.sum(live.to(tl.int32), 0)
+        else:
+            bound = float("-inf")
+            d_end = n_pos
+        # Parent 0 of each depth is the best node of the depth above (the rank-0 chain), and
+        # y0 / y1 are the position's two best log-probs, fetched a depth ahead.
+        s0 = tl.load(lp_r)
+        y0 = tl.load(lp_r + D1 * k)
+        y1 = tl.load(lp_r + D1 * k + 1, mask=k > 1, other=float("-inf"))
+        for d in range(1, d_end):
             # Prefetch the next depth's log-probs: they do not depend on this depth's result.
-            nxt = tl.load(lp_r + tl.minimum(d + 1, n_pos - 1) * k + cr, mask=cm,
-                          other=float("-inf"))  # fmt: skip
-            if EXIT and not RANK:
-                best = best + tl.load(lp_r + d * k)
-                live = live & (best >= t1)
-            if RANK:
-                # A_{d-1} from the buffer written by the previous depth (or above, for d = 1).
-                tl.debug_barrier()
-                prev = tl.load(s_r + (d - 1) * budget + ci, mask=cm, other=float("-inf"))
-                key = _tt_pack(tl.where(cm, prev + logp, float("-inf")), c)
-                # Keys are unique (they hold the candidate's index): the number of larger
-                # keys is the position in the descending order tl.topk would return.
-                above = key[None, :] > key[:, None]
-                rank = tl.sum(above.to(tl.int32), 1)
-                won = rank < budget
-                tl.store(s_r + d * budget + rank, _tt_value(key), mask=won)
-                tl.store(c_r + d * budget + rank, pk, mask=won)
-            elif live:
+            dn = tl.minimum(d + 1, n_pos - 1)
+            nxt = tl.load(lp_r + dn * k + cr, mask=cm, other=float("-inf"))
+            y0n = tl.load(lp_r + dn * k)
+            y1n = tl.load(lp_r + dn * k + 1, mask=k > 1, other=float("-inf"))
+            if s0 + y1 < bound:
+                # Not even the best parent's second child reaches the bound: only rank-0
+                # children can enter the tree, and they keep their parents' order (the
+                # candidate order breaks their ties the same way), so A_d is A_{d-1} + y0
+                # with no sort; children below the bound are left empty. (Rank-0 children
+                # the staircase leaves out, (i + 1) * 2 > budget, follow 2 (i + 1) - 1 better
+                # nodes in the tie order, so the final choice never takes them.)
+                a = tl.where(a + y0 >= bound, a + y0, float("-inf"))
+                tl.store(s_r + d * budget + j, a, mask=jm)
+                tl.store(c_r + d * budget + j, j << 16, mask=jm)
+            else:
                 score = tl.where(cm, tl.gather(a, ci, 0) + logp, float("-inf"))
                 top = tl.topk(_tt_pack(score, c), BP)
                 a = _tt_value(top)
                 pick = _tt_index(top).to(tl.int32)
                 tl.store(s_r + d * budget + j, a, mask=jm)
                 tl.store(c_r + d * budget + j, tl.gather(pk, pick, 0), mask=jm)
-            else:
-                tl.store(s_r + d * budget + j, tl.full([BP], float("-inf"), tl.float32), mask=jm)
+            s0 = s0 + y0
+            y0 = y0n
+            y1 = y1n
             logp = nxt
         tl.debug_barrier()
         # The global top `budget` over all depths, ties by (depth, position).
         f = tl.arange(0, LBP)
-        fm = f < n_pos * budget
+        fm = f < d_end * budget  # depths past d_end were never written: empty
         all_s = tl.load(s_r + f, mask=fm, other=float("-inf"))
-        top = tl.topk(_tt_pack(all_s, f), BP)
-        val = _tt_value(top)
-        flat = tl.where(jm, _tt_index(top), 0)
+        # Only entries at or above the bound can be chosen: usually about `budget` of them.
+        keys = tl.where(all_s > float("-inf"), _tt_pack(all_s, f), -1)
+        top = _tt_top_above(keys, bound, scr, BP, 2 * BP)
+        val = tl.where(top >= 0, _tt_value(top), float("-inf"))
+        flat = tl.where(jm & (top >= 0), _tt_index(top), 0)
         valid = jm & (val > float("-inf"))
         dd = flat // budget
         pos = flat - dd * budget
@@ -913,7 +942,7 @@ def _kernels():
         ones = tl.full([NP], 1, tl.uint8)
         tl.store(row_ptr + cols, ones, mask=colm)
         anc = up
-        for _ in range(n_pos):
+        for _ in range(d_end):  # no node is deeper than d_end
             tl.store(row_ptr + anc, ones, mask=colm)
             anc = tl.gather(up, anc, 0)
 
@@ -1088,19 +1117,15 @@ def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
     bp = max(2, _pow2(budget))  # tl.topk needs k >= 2
     cp = max(bp, _pow2(cand.numel()))
     lbp = max(bp, _pow2(n_pos * budget))
+    scratch = torch.empty((b, 2 * bp), dtype=torch.int64, device=dev)
     # One request is one latency-bound program: few warps keep the sorts inside a warp.
     warps = _warps(max(cp, lbp), _TUNING["tree_div"])
-    select = _TUNING["tree_select"]
-    if select not in _TREE_SELECTS:
-        raise ValueError(f"tree_select must be one of {_TREE_SELECTS}, got {select!r}")
-    # The rank selection compares all CP x CP candidate pairs: above that size, sort.
-    rank = select == "rank" and cp <= _RANK_MAX_CANDIDATES
     _kernels()["tree"][(b,)](
-        lp, ids, k, cand, n_cand, s_buf, c_buf,
+        lp, ids, k, cand, n_cand, s_buf, c_buf, scratch,
         tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8),
         n_pos=n_pos, budget=budget, BP=bp, CP=cp, LBP=lbp, LP=_pow2(n_pos),
-        NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), RANK=rank,
-        EXIT=bool(_TUNING["tree_exit"]), num_warps=warps,
+        NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), BOUND=bool(_TUNING["tree_exit"]),
+        num_warps=warps,
     )  # fmt: skip
     return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)
 

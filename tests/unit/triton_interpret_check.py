@@ -31,22 +31,56 @@ def _patch_with_index(tensor, scope):
 interpreter._patch_lang_tensor = _patch_with_index
 
 
+def chain_bound(row: torch.Tensor, budget: int) -> torch.Tensor:
+    """The tree kernel's floor, from its rule: the best over root children j of the chain
+    "j, then rank 0 at each later position" at depth ceil(budget / (j + 1)), summed in
+    float32 in the kernel's order."""
+    n_pos, k = row.shape
+    bound = torch.tensor(float("-inf"))
+    for j in range(min(k, budget)):
+        h = -(-budget // (j + 1))
+        if h <= n_pos:
+            chain = row[0, j].clone()
+            for d in range(1, h):
+                chain = chain + row[d, 0]
+            bound = torch.maximum(bound, chain)
+    return bound
+
+
 def exit_depths(lp: torch.Tensor, budget: int) -> list:
-    """Per request, the depth at which the tree kernel's early exit stops sorting (None: it
-    sorts every depth), computed from the rule itself: the best candidate at depth d is the
-    best at depth d - 1 plus position d's rank-0 log-prob; the exit bound is the root's
-    budget-th child."""
+    """Per request, the first depth the tree kernel leaves unsorted (None: it sorts every
+    depth): the best candidate at depth d is the best at depth d - 1 plus position d's rank-0
+    log-prob, and a depth whose best is below the bound is not sorted."""
     out = []
-    for row in lp:
-        t1 = float(row[0, budget - 1]) if row.shape[1] >= budget else float("-inf")
-        best, stop = float(row[0, 0]), None
+    for row in lp.float():
+        bound = chain_bound(row, budget)
+        best, stop = row[0, 0].clone(), None
         for d in range(1, row.shape[0]):
-            best += float(row[d, 0])
-            if best < t1:
+            best = best + row[d, 0]
+            if best < bound:
                 stop = d + 1  # depths are 1-based: the root's children are depth 1
                 break
         out.append(stop)
     return out
+
+
+TAKEN: set = set()
+
+
+def note_regimes(lp: torch.Tensor, budget: int) -> None:
+    """Which branches of the tree kernel these inputs take: a depth built by the rank-0
+    shortcut (the best parent's second child is below the bound) or by the sort, and the final
+    choice over at most 2 BP entries at or above the bound (compacted) or over all of them."""
+    bp = max(2, dt._pow2(budget))
+    scores, _, _ = dt._select_per_depth(lp.float(), budget)
+    for r, (row, stop) in enumerate(zip(lp.float(), exit_depths(lp, budget), strict=True)):
+        bound = chain_bound(row, budget)
+        end = stop - 1 if stop else row.shape[0]  # depths the kernel builds: 2..end
+        for d in range(1, end):
+            second = scores[r, d - 1, 0] + (row[d, 1] if row.shape[1] > 1 else float("-inf"))
+            TAKEN.add(("depth", "rank-0" if second < bound else "sorted"))
+        kept = (scores[r, :end] >= bound).sum()
+        TAKEN.add(("final", "compacted" if kept <= 2 * bp else "whole"))
 
 
 def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int,
@@ -60,6 +94,7 @@ def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int,
     lp, ids = dt.topk_logprobs(x, budget, use_triton=False)
     exits = exit_depths(lp, budget)
     assert want_exit is ... or exits == want_exit, exits
+    note_regimes(lp, budget)
     tree = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
     roots = torch.randint(0, vocab, (b,), generator=gen)
     prefix = torch.randint(0, 9, (b,), generator=gen)
@@ -85,9 +120,9 @@ def check_tree(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: in
     lp, ids = dt.topk_logprobs(x.to(torch.bfloat16), budget, use_triton=False)
     exits = exit_depths(lp, budget)
     assert want_exit is ... or exits == want_exit, exits
-    gpu_bench.check_tree_selects(lp, ids, budget)
-    print(f"ok tree b={b} L={n_pos} V={vocab} B={budget} ties={ties} exit={exits} "
-          f"{dt._TREE_SELECTS}")  # fmt: skip
+    note_regimes(lp, budget)
+    gpu_bench.check_tree(lp, ids, budget)
+    print(f"ok tree b={b} L={n_pos} V={vocab} B={budget} ties={ties} exit={exits}")
 
 
 CASES = [
@@ -103,15 +138,15 @@ CASES = [
     (1, 4, 64, 1, False),  # budget 1
     # The early exit: sure for 3 positions, then flat -> the kernel stops sorting mid-way
     # (at depth 5 and 6: `exit` is the first depth left unsorted, 1-based).
-    (2, 8, 3000, 16, False, 3, [5, 6]),
+    (2, 8, 3000, 16, False, 3, [5, 5]),
 ]
 
 # The tree kernel alone: the full round's kernels are slow to interpret at these budgets.
 TREE_CASES = [
-    (1, 15, 1500, 64, False),  # the target shape: the most candidates "rank" handles (256)
+    (1, 15, 1500, 64, False),  # the target shape
     (2, 4, 1500, 64, True),
     (2, 5, 300, 48, True),  # a budget that is not a power of two
-    (1, 3, 1500, 128, True),  # above the "rank" limit: the sort runs
+    (1, 3, 1500, 128, True),  # 512 candidates per depth
     (1, 15, 1500, 64, False, 15, [None]),  # sure everywhere: every depth sorted, no exit
     (2, 15, 1500, 64, False, 6, ...),  # the exit after a deep start, at the target shape
 ]
@@ -121,4 +156,7 @@ if __name__ == "__main__":
         check(*case[:5], i, *case[5:])
     for i, case in enumerate(TREE_CASES):
         check_tree(*case[:5], 100 + i, *case[5:])
+    want = {("depth", "rank-0"), ("depth", "sorted"), ("final", "compacted"), ("final", "whole")}
+    assert want == TAKEN, f"branches not taken: {want - TAKEN}"
+    print(f"ok every branch of the tree kernel taken: {sorted(TAKEN)}")
     sys.exit(0)
