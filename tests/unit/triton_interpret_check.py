@@ -48,9 +48,9 @@ def chain_bound(row: torch.Tensor, budget: int) -> torch.Tensor:
 
 
 def exit_depths(lp: torch.Tensor, budget: int) -> list:
-    """Per request, the first depth the tree kernel leaves unsorted (None: it sorts every
+    """Per request, the first depth the tree kernel does not build (None: it builds every
     depth): the best candidate at depth d is the best at depth d - 1 plus position d's rank-0
-    log-prob, and a depth whose best is below the bound is not sorted."""
+    log-prob, and a depth whose best is below the bound is left empty, as are deeper ones."""
     out = []
     for row in lp.float():
         bound = chain_bound(row, budget)
@@ -136,8 +136,8 @@ CASES = [
     (2, 3, 10, 16, False),  # vocab below the budget: K = V, padding slots
     (1, 1, 100, 5, False),  # one position
     (1, 4, 64, 1, False),  # budget 1
-    # The early exit: sure for 3 positions, then flat -> the kernel stops sorting mid-way
-    # (at depth 5 and 6: `exit` is the first depth left unsorted, 1-based).
+    # The exit: sure for 3 positions, then flat -> the kernel stops building depths mid-way
+    # (at depth 5 in both requests: `exit` is the first depth not built, 1-based).
     (2, 8, 3000, 16, False, 3, [5, 5]),
 ]
 
