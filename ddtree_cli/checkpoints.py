@@ -14,12 +14,16 @@ if TYPE_CHECKING:
     from ddtree_cli.config import LaunchConfig
 
 
+def checkpoint_roles(target: str | None, draft: str | None) -> dict[str, str]:
+    """``{role: path}`` of the target and draft checkpoint folders that are given."""
+    return {role: path for role, path in (("target", target), ("draft", draft)) if path}
+
+
 def launch_checkpoints(launch: LaunchConfig) -> dict[str, str]:
     """``{role: path}`` of the checkpoints an SGLang launch will load (none for other kinds)."""
     if launch.kind != "sglang":
         return {}
-    pairs = (("target", launch.model_path), ("draft", launch.draft_model_path))
-    return {role: path for role, path in pairs if path}
+    return checkpoint_roles(launch.model_path, launch.draft_model_path)
 
 
 def check_draft_layers(facts: dict) -> Verdict:

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ddtree_cli import doctor
+from ddtree_cli.checkpoints import checkpoint_roles
 from ddtree_cli.commands._options import JsonOpt
 from ddtree_cli.console import STATUS_STYLE, console, emit_json, err_console
 from ddtree_cli.errors import ConfigError, ExitCode
@@ -172,11 +173,7 @@ def doctor_command(
         ports=tuple(port or ()),
         url=url,
         probes=not no_probes,
-        checkpoints={
-            role: path
-            for role, path in (("target", model_path), ("draft", draft_model_path))
-            if path
-        },
+        checkpoints=checkpoint_roles(model_path, draft_model_path),
     )
     quiet = json_out or not sys.stderr.isatty()
     with err_console.status("collecting host facts…") if not quiet else _nothing():

@@ -67,13 +67,13 @@ def exit_depths(lp: torch.Tensor, budget: int) -> list:
 TAKEN: set = set()
 
 
-def note_regimes(lp: torch.Tensor, budget: int) -> None:
+def note_regimes(lp: torch.Tensor, budget: int, exits: list) -> None:
     """Which branches of the tree kernel these inputs take: a depth built by the rank-0
     shortcut (the best parent's second child is below the bound) or by the sort, and the final
     choice over at most 2 BP entries at or above the bound (compacted) or over all of them."""
     bp = max(2, dt._pow2(budget))
     scores, _, _ = dt._select_per_depth(lp.float(), budget)
-    for r, (row, stop) in enumerate(zip(lp.float(), exit_depths(lp, budget), strict=True)):
+    for r, (row, stop) in enumerate(zip(lp.float(), exits, strict=True)):
         bound = chain_bound(row, budget)
         end = stop - 1 if stop else row.shape[0]  # depths the kernel builds: 2..end
         for d in range(1, end):
@@ -94,7 +94,7 @@ def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int,
     lp, ids = dt.topk_logprobs(x, budget, use_triton=False)
     exits = exit_depths(lp, budget)
     assert want_exit is ... or exits == want_exit, exits
-    note_regimes(lp, budget)
+    note_regimes(lp, budget, exits)
     tree = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
     roots = torch.randint(0, vocab, (b,), generator=gen)
     prefix = torch.randint(0, 9, (b,), generator=gen)
@@ -120,7 +120,7 @@ def check_tree(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: in
     lp, ids = dt.topk_logprobs(x.to(torch.bfloat16), budget, use_triton=False)
     exits = exit_depths(lp, budget)
     assert want_exit is ... or exits == want_exit, exits
-    note_regimes(lp, budget)
+    note_regimes(lp, budget, exits)
     gpu_bench.check_tree(lp, ids, budget)
     print(f"ok tree b={b} L={n_pos} V={vocab} B={budget} ties={ties} exit={exits}")
 
