@@ -76,6 +76,9 @@ def cases() -> dict[str, dict]:
             "budget": 32,
         },
         "small_vocab": {"logits": torch.randn(3, 4, 97, generator=gen) * 2, "budget": 16},
+        # The trained engine pair (vocabulary 260: 160 + 100 ids at TP 2), block 16, budget
+        # 64, as the two-GPU run will serve it.
+        "trained_pair_layout": {"logits": torch.randn(2, 15, 260, generator=gen) * 3, "budget": 64},
         "ties_across_boundary": {"logits": ties_across_boundary(), "budget": 6},
         "masked": {"logits": masked(), "budget": 8},
     }
@@ -147,6 +150,7 @@ def node_logits(logits: torch.Tensor, tree: dict) -> torch.Tensor:
 def test_the_shards_are_uneven(ranks):
     assert [r["random_uneven"]["shard"] for r in ranks] == [[0, 512], [512, 1001]]
     assert [r["small_vocab"]["shard"] for r in ranks] == [[0, 64], [64, 97]]
+    assert [r["trained_pair_layout"]["shard"] for r in ranks] == [[0, 160], [160, 260]]
 
 
 @pytest.mark.parametrize("name", list(CASES))
