@@ -16,7 +16,8 @@ Steps (each cached or skipped when its output exists):
    budget is free of the block size, so ``draft-b16`` serves budgets 8 to 64, the others
    give each budget a draft of block budget + 1 to compare with), and the trained pair
    when ``--trained`` is given;
-4. the ``ddtree_cli`` package and ``run.py`` (the bench client runs from the bundle), and
+4. the ``ddtree_cli`` package, ``run.py`` and ``units.py`` (the bench client and deploy's unit
+   rendering run from the bundle), and
    ``prompts/heldout.jsonl``: byte-token prompts cut from the stdlib files the trained pair
    never saw (its held-out split), for the trained pair's ``agree`` and ``bench`` steps;
 5. one gzipped tar of all that, split into pieces of at most ``--piece-mib`` MiB (default 36:
@@ -238,6 +239,7 @@ def build_tar(tar_path: Path, wheels: list[Path], snapshot: Path, ckpts: list[Pa
             tar.add(ckpt, f"ckpt/{ckpt.name.removesuffix('-smoke')}", filter=clean)
         tar.add(REPO / "ddtree_cli", "client/ddtree_cli", filter=clean)
         tar.add(HERE / "run.py", "run.py", filter=clean)
+        tar.add(HERE / "units.py", "units.py", filter=clean)
         if prompt_file is not None:
             tar.add(prompt_file, f"prompts/{prompt_file.name}", filter=clean)
 
