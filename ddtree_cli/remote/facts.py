@@ -20,7 +20,8 @@ Schema (``FACTS_SCHEMA`` = 1; every section is always present, absent things are
 ``python`` {executable, found, version, implementation, abi_tag ("cp312"), soabi,
 ext_suffix, gil_disabled, error},
 ``packages`` {normalised-name: version} (nvidia-*, flashinfer*, sgl-kernel, sglang*,
-torch*, triton, ...), ``requires`` {"sglang": [Requires-Dist lines]},
+torch*, triton, cuda-toolkit, ...), ``requires`` {name: [Requires-Dist lines]} for each of
+those packages (torch's and cuda-toolkit's name the exact NVIDIA wheels torch was built with),
 ``torch`` {installed, version ("2.11.0+cu130"), cuda ("13.0"), hip, cuda_available,
 arch_list (["sm_90", ...]), device_count, devices [{name, capability}], warnings, error},
 ``nvidia_smi`` {present, driver_version, cuda_version (driver's CUDA, "13.0"), gpus
@@ -75,7 +76,8 @@ ENV_KEYS = (
 
 PACKAGE_PATTERN = (
     r"^(nvidia-.*|flashinfer.*|sgl-kernel|sglang.*|torch|torchvision|torchaudio|triton|"
-    r"pytorch-triton|transformers|xgrammar|cuda-python|cuda-bindings|apache-tvm-ffi)$"
+    r"pytorch-triton|transformers|xgrammar|cuda-python|cuda-bindings|cuda-toolkit|"
+    r"apache-tvm-ffi)$"
 )
 
 PROBE_MODULES = ("sgl_kernel", "flashinfer", "sglang")
@@ -125,8 +127,7 @@ try:
         name = re.sub(r"[-_.]+", "-", (dist.metadata["Name"] or "")).lower()
         if name and pattern.match(name):
             pkgs[name] = dist.version
-            if name == "sglang":
-                requires["sglang"] = list(dist.requires or [])
+            requires[name] = list(dist.requires or [])
 except Exception as exc:
     err = "%s: %s" % (type(exc).__name__, exc)
 print(json.dumps({"python": out, "packages": pkgs, "requires": requires, "error": err}))
