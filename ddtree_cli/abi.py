@@ -672,11 +672,17 @@ def check_probe(facts: dict, module: str) -> Verdict:
     torch_version = (facts.get("torch") or {}).get("version")
     if kind == "undefined_symbol":
         symbol = re.search(r"undefined symbol: (\S+)", error)
-        pair = " ".join(f"'{n}=={pins[n]}'" for n in ("torch", dist) if n in pins)
+        # Reinstall only what differs from sglang's pins (the kernel, as a rule): reinstalling
+        # a torch that already matches would fetch gigabytes and fix nothing. --no-deps keeps
+        # pip from pulling another torch in with the kernel.
+        pinned = [n for n in ("torch", dist) if n in pins]
+        wrong = [n for n in pinned if base_version(packages.get(n)) != base_version(pins[n])]
+        chosen = wrong or [n for n in pinned if n == dist]
         fix = (
-            f"{_pip(facts)} --force-reinstall {pair}  (the pair sglang "
-            f"{packages.get('sglang', '')} pins)"
-            if pair
+            f"{_pip(facts)} --force-reinstall --no-deps "
+            + " ".join(f"'{n}=={pins[n]}'" for n in chosen)
+            + f"  (what sglang {packages.get('sglang', '')} pins)"
+            if chosen
             else f"reinstall {dist} built for torch {torch_version}"
         )
         return failed(

@@ -16,6 +16,7 @@ from ddtree_cli import abi
 from ddtree_cli.abi import SnapshotABI
 from ddtree_cli.checkpoints import check_draft_layers
 from ddtree_cli.errors import DdtreeError
+from ddtree_cli.remote import facts as host_facts
 from ddtree_cli.verdict import Status, Verdict, failed, passed, skipped, warned
 
 GIB = 1024**3
@@ -293,6 +294,18 @@ def check_ports(facts: dict, unit: str | None) -> list[Verdict]:
                     "run doctor as root to see the owner",
                 )
             )
+        elif _is_sglang_server(entry) and unit:
+            # A live server someone started: name it, never kill it.
+            verdicts.append(
+                failed(
+                    check_id,
+                    f"port {port} is held by a live SGLang server outside {unit}: {owners}",
+                    f"stop that server if it is not meant to run, or serve {unit} on another "
+                    "--port",
+                )
+            )
+        elif _is_sglang_server(entry):
+            verdicts.append(passed(check_id, f"port {port} is served by SGLang ({owners})"))
         elif unit:
             verdicts.append(
                 failed(
@@ -342,6 +355,13 @@ def leftover_reason(root: dict) -> str | None:
     if own_unit.endswith(".service") and state and state not in _LIVE_UNIT_STATES:
         return f"its unit {own_unit} is {state}"
     return None
+
+
+def _is_sglang_server(port_entry: dict) -> bool:
+    return any(
+        re.search(host_facts.LAUNCHER_PATTERN, cmd or "")
+        for cmd in port_entry.get("processes") or []
+    )
 
 
 def check_leftover_processes(facts: dict, unit: str | None) -> Verdict:

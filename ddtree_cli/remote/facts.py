@@ -268,11 +268,13 @@ def probe_one(python: str, timeout: float, name: str) -> dict:
         parsed.update(error=None, error_kind=None)
         return parsed
     kind = "timeout" if rc == 124 else "crash" if rc < 0 else classify_import_error(err)
-    return {
-        "status": "timeout" if rc == 124 else "error",
-        "error": _last_lines(err, 2) or f"exit status {rc}",
-        "error_kind": kind,
-    }
+    error = _last_lines(err, 2) or f"exit status {rc}"
+    # sgl_kernel's loader lists every attempt and ends with "No module named 'common_ops'":
+    # keep the line that names the missing symbol, which says which torch it wants.
+    symbol = [line.strip() for line in err.splitlines() if "undefined symbol" in line]
+    if kind == "undefined_symbol" and symbol and symbol[0] not in error:
+        error = symbol[0] + "\n" + error
+    return {"status": "timeout" if rc == 124 else "error", "error": error, "error_kind": kind}
 
 
 def probe_facts(python: str, timeout: float, modules=PROBE_MODULES) -> dict:

@@ -81,7 +81,33 @@ def test_undefined_symbol_fix_names_the_pair_sglang_pins(h200, captures):
     verdict = abi.check_probe(h200, "sgl_kernel")
     assert verdict.status is Status.FAIL
     assert "_ZN5torch3jit17parseSchemaOrNameERKSsb" in verdict.detail
-    assert "'torch==2.11.0' 'sglang-kernel==0.4.3'" in verdict.fix
+    # torch already matches sglang's pin: only the kernel is reinstalled, without deps.
+    assert "--force-reinstall --no-deps 'sglang-kernel==0.4.3'" in verdict.fix
+    assert "torch==" not in verdict.fix
+
+
+def test_a_kernel_built_for_another_torch_is_fixed_with_the_kernel_sglang_pins(h200, captures):
+    # sgl-project/sglang issue 36462's state: sglang-kernel 0.4.6.post1 next to torch 2.11
+    # (sglang 0.5.13 pins 0.4.3); the loader's message is the one sglang-kernel prints.
+    text = captures["sgl_kernel_common_ops_undefined_symbol"]
+    h200["packages"]["sglang-kernel"] = "0.4.6.post1"
+    lines = [ln for ln in text.splitlines() if "undefined symbol" in ln] + text.splitlines()[-1:]
+    h200["probes"]["sgl_kernel"] = {
+        "status": "error",
+        "error": "\n".join(lines),
+        "error_kind": host_facts.classify_import_error(text),
+    }
+    verdict = abi.check_probe(h200, "sgl_kernel")
+    assert verdict.status is Status.FAIL
+    assert "sglang-kernel 0.4.6.post1 was built for another torch than 2.11.0+cu130" in (
+        verdict.detail
+    )
+    assert "_ZNK3c106SymInt6sym_neERKS0_" in verdict.detail
+    assert verdict.fix.endswith(
+        "-m pip install --force-reinstall --no-deps 'sglang-kernel==0.4.3'  (what sglang 0.5.13 pins)"
+    )
+    pins = abi.check_sglang_pins(h200)
+    assert pins.status is Status.FAIL and "'sglang-kernel==0.4.3'" in pins.fix
 
 
 def test_rtx5080_gpu_side_is_fine(rtx5080):

@@ -120,3 +120,34 @@ def test_once_the_launcher_is_killed_the_child_is_a_leftover_to_kill(server):
     assert verdict.status is Status.FAIL
     assert f"pid {child} sglang::scheduler_TP0: its launcher is gone" in verdict.detail
     assert verdict.fix.startswith(f"kill {child} ")
+
+
+LISTENER = r"""
+import socket, sys, time
+sock = socket.create_server(("127.0.0.1", 0))
+open(sys.argv[-1], "w").write(str(sock.getsockname()[1]))
+time.sleep(300)
+"""
+
+
+def test_a_port_held_by_a_live_sglang_server_is_named_not_killed(tmp_path):
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (tmp_path / "sglang" / "launch_server.py").write_text(LISTENER)
+    port_file = tmp_path / "port"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    server = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", str(port_file)],
+                              env=env, cwd=tmp_path)  # fmt: skip
+    try:
+        port = int(_wait(lambda: port_file.exists() and port_file.read_text(), "the port"))
+        facts = {"ports": host_facts.port_facts([port]), "systemd": {"properties": {}}}
+        assert facts["ports"][0]["pids"] == [server.pid]
+        (held,) = doctor.check_ports(facts, "sglang")
+        assert held.status is Status.FAIL  # the unit cannot bind it ...
+        assert "held by a live SGLang server outside sglang" in held.detail
+        assert "kill" not in held.fix  # ... but the server is someone's, not a leftover
+        (free,) = doctor.check_ports(facts, None)
+        assert free.status is Status.PASS and f"pid {server.pid}" in free.detail
+    finally:
+        server.kill()
+        server.wait(10)
