@@ -126,7 +126,9 @@ try:
     pattern = re.compile(sys.argv[1])
     for dist in metadata.distributions():
         name = re.sub(r"[-_.]+", "-", (dist.metadata["Name"] or "")).lower()
-        if name and pattern.match(name):
+        # distributions() walks sys.path in order: the first one found is the one imported
+        # (a --target dir on PYTHONPATH shadows site-packages); later copies are shadowed.
+        if name and pattern.match(name) and name not in pkgs:
             pkgs[name] = dist.version
             requires[name] = list(dist.requires or [])
 except Exception as exc:

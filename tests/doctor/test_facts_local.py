@@ -148,3 +148,18 @@ def test_an_import_probe_keeps_the_line_that_names_the_undefined_symbol(tmp_path
     assert probe["status"] == "error" and probe["error_kind"] == "undefined_symbol"
     assert "undefined symbol: _ZNK3c106SymInt6sym_neERKS0_" in probe["error"].splitlines()[0]
     assert probe["error"].splitlines()[-1] == "- ModuleNotFoundError: No module named 'common_ops'"
+
+
+def test_the_installed_version_is_the_one_that_imports_first(tmp_path, monkeypatch):
+    # Two copies of one distribution on the path, as when a `pip install --target DIR` on
+    # PYTHONPATH shadows site-packages: the first one is what `import` loads.
+    for folder, version in (("first", "0.4.6.post1"), ("second", "0.4.3")):
+        info = tmp_path / folder / f"sglang_kernel-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: sglang-kernel\nVersion: {version}\n"
+        )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'first'}{os.pathsep}{tmp_path / 'second'}")
+    facts = host_facts.interpreter_facts(sys.executable, 60)
+    assert facts["packages"]["sglang-kernel"] == "0.4.6.post1"
+    assert facts["requires"]["sglang-kernel"] == []
