@@ -211,7 +211,10 @@ def dim_map(small: int, big: int) -> torch.Tensor:
 
 
 def place_layers(
-    small_layers: int, small_features: tuple[int, ...], big_layers: int, big_features: tuple[int, ...]
+    small_layers: int,
+    small_features: tuple[int, ...],
+    big_layers: int,
+    big_features: tuple[int, ...],
 ) -> list[int]:
     """Big layer index of each small layer, such that big feature layer ``big_features[j]``
     outputs what small feature layer ``small_features[j]`` does (the layers between are
@@ -220,8 +223,7 @@ def place_layers(
         raise ConfigError(f"drafter target_layer_ids {list(small_features)} must increase")
     if len(big_features) < len(small_features):
         raise ConfigError(
-            f"the big drafter reads {len(big_features)} layers, the small one "
-            f"{len(small_features)}"
+            f"the big drafter reads {len(big_features)} layers, the small one {len(small_features)}"
         )
     anchor = dict(zip(small_features, big_features, strict=False))
     places: list[int] = []
@@ -360,10 +362,14 @@ class ScaledPair:
         return {
             "scale": self.scale.name,
             "source": self.scale.source,
-            "residual": {"small_hidden": self.residual.small, "scale_s": self.residual.s,
-                         "k": self.residual.k, "constant_channel": self.residual.channel,
-                         "constant_value": self.residual.a,
-                         "norm_weight_scale": self.residual.norm_scale},  # fmt: skip
+            "residual": {
+                "small_hidden": self.residual.small,
+                "scale_s": self.residual.s,
+                "k": self.residual.k,
+                "constant_channel": self.residual.channel,
+                "constant_value": self.residual.a,
+                "norm_weight_scale": self.residual.norm_scale,
+            },  # fmt: skip
             "target_layers_of_small_layers": self.target_places,
             "drafter_layers_of_small_layers": self.drafter_places,
             "extra_vocabulary": {
@@ -456,7 +462,9 @@ def scale_pair(
         ("positions", st.max_position_embeddings, bt.max_position_embeddings),
     ):
         if small > big:
-            raise ConfigError(f"scale {scale.name}: {what} {big} is smaller than the pair's {small}")
+            raise ConfigError(
+                f"scale {scale.name}: {what} {big} is smaller than the pair's {small}"
+            )
     if st.hidden_size != sd.hidden_size:
         raise ConfigError("the pair's drafter and target differ in hidden size")
     head_map(_attn(st), _attn(bt))
