@@ -20,7 +20,7 @@ Usage (repository root, torch on the machine; ``agree`` needs only the standard 
 
     python3 benchmarks/scaled_pair_gpu.py exact --out exact.json
     python3 benchmarks/scaled_pair_gpu.py cost --out cost.json
-    python3 benchmarks/scaled_pair_gpu.py agree --prompt-file heldout.jsonl --out agree.json \
+    python3 benchmarks/scaled_pair_gpu.py agree --prompt-file heldout --out agree.json \
         [--scaled-base 30000 --small-base 31000 --prompts 100 --max-new 64]
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -72,9 +73,15 @@ def heldout_prompts(count: int, length: int) -> list[list[int]]:
 
 
 def read_prompts(path: str | None, count: int, length: int) -> list[list[int]]:
+    """``path``: JSONL of ``{"input_ids": [...]}``, or a bare name for the bundle's
+    ``prompts/<name>.jsonl`` under run.py's state folder; none: :func:`heldout_prompts`."""
     if not path:
         return heldout_prompts(count, length)
-    rows = [json.loads(line)["input_ids"] for line in Path(path).read_text().splitlines() if line]
+    file = Path(path)
+    if not file.is_file():
+        state = Path(os.environ.get("DDTREE_H200_STATE", "/tmp/ddtree-h200"))
+        file = state / "bundle" / "prompts" / f"{path}.jsonl"
+    rows = [json.loads(line)["input_ids"] for line in file.read_text().splitlines() if line]
     if len(rows) < count:
         raise SystemExit(f"{path}: {len(rows)} prompts, {count} asked for")
     return rows[:count]
@@ -371,7 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     report = globals()[f"cmd_{args.command}"](args)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    summary = {k: v for k, v in report.items() if k not in ("cells", "arms", "decode")}
+    summary = {k: v for k, v in report.items() if k not in ("cells", "arms")}
+    for arm, entry in report.get("arms", {}).items():
+        margins = [d["small_plain_top2_margin"] for d in entry["diverged"]]
+        summary[arm] = {"identical": entry["identical"], "max_margin": max(margins, default=None),
+                        "accept_length": entry.get("accept_length")}  # fmt: skip
     print(json.dumps(summary))
     return 0
 

@@ -47,10 +47,11 @@ MARGIN_RMS = 256.0
 CONSTANT_NORM_WEIGHT = 256.0
 
 DRAFTER_SOURCE = (
-    "z-lab/Qwen3-8B-DFlash-b16 (the DFlash authors' drafter for Qwen3-8B, "
-    "github.com/z-lab/dflash): 5 Qwen3 layers of Qwen3-8B's width (hidden 4096, 32/8 heads "
-    "of 128, FFN 12288) reading target layers [1, 9, 17, 25, 33] (the DFlash rule "
-    "round(1 + i * 32 / 4) for 36 target layers), block size 16"
+    "the shape of z-lab/Qwen3-8B-DFlash-b16, the DFlash authors' drafter for Qwen3-8B "
+    "(github.com/z-lab/dflash), as a config derived from it records it (ZinYY/AdaFlash "
+    "configs/qwen3-8b-dflash-thresh-head.json): 5 Qwen3 layers of Qwen3-8B's width (hidden "
+    "4096, 32/8 heads of 128, FFN 12288, untied, vocab 151936) reading target layers "
+    "[1, 9, 17, 25, 33] of 36 (the DFlash rule round(1 + i * 32 / 4)), block size 16"
 )
 
 
