@@ -32,6 +32,7 @@ import json
 import shutil
 import sys
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,8 +177,10 @@ def write_export(
             folder.mkdir(parents=True)
             (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
             names = ["config.json", *save_tensors(tensors, folder, DTYPES[dtype], shard_bytes)]
-            for name in names:
-                hashes[f"{part}/{name}"] = _file_sha256(folder / name)
+            # hashlib releases the GIL on large reads: shards hash in parallel.
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                digests = pool.map(_file_sha256, [folder / name for name in names])
+                hashes.update({f"{part}/{n}": h for n, h in zip(names, digests, strict=True)})
         data = {**manifest, "dtype": dtype, "block_size": block_size, "sha256": hashes}
         (staging / MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
         if out.exists():
@@ -217,14 +220,15 @@ def save_tensors(
         sizes.append({n: t.numel() * t.element_size() for n, t in shard.items()})
         shard.clear()
 
+    held = 0
     for name, tensor in tensors:
         t = tensor.detach().to(dtype).to("cpu").contiguous()
         nbytes = t.numel() * t.element_size()
-        if shard_bytes is not None and shard and sum(
-            x.numel() * x.element_size() for x in shard.values()
-        ) + nbytes > shard_bytes:
+        if shard_bytes is not None and shard and held + nbytes > shard_bytes:
             flush()
+            held = 0
         shard[name] = t
+        held += nbytes
     flush()
     if len(sizes) == 1:
         (folder / "part-00000.safetensors").rename(folder / "model.safetensors")

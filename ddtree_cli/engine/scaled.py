@@ -264,15 +264,14 @@ class _Builder:
         out[self.res.channel] = constant_weight
         return out
 
-    def reader(self, rows: int, small_rows: torch.Tensor | None, w: torch.Tensor | None,
-               scale: float = 1.0) -> torch.Tensor:  # fmt: skip
+    def reader(self, rows: int, small_rows: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
         """A projection reading a normed hidden vector: random, except that the rows in
-        ``small_rows`` read the real channels through ``scale * w`` and ignore the constant
-        channel (their other inputs are always zero)."""
+        ``small_rows`` read the real channels through ``w`` (zero if None) and ignore the
+        constant channel (their other inputs are always zero)."""
         out = self.random((rows, self.res.big))
-        if small_rows is not None:
-            out[small_rows, : self.res.small + 1] = 0.0
-            out[small_rows, : self.res.small] = self.small(w) * scale
+        out[small_rows, : self.res.small + 1] = 0.0
+        if w is not None:
+            out[small_rows, : self.res.small] = self.small(w)
         return out
 
     def layer(self, small: dict[str, torch.Tensor] | None, s_attn: AttnShape, b_attn: AttnShape,
@@ -306,7 +305,7 @@ class _Builder:
         def qk(rows: int, at: torch.Tensor, head_rows: torch.Tensor, w: torch.Tensor):
             # Whole mapped heads read nothing real but their own dims: q and k enter the
             # per-head norm, whose mean square must be the small one's (times 1).
-            out = self.reader(rows, head_rows, torch.zeros(len(head_rows), d))
+            out = self.reader(rows, head_rows, None)
             out[at, :d] = self.small(w) * math.sqrt(r)
             return out
 
