@@ -7,6 +7,8 @@ their own session and outlive the call that started them.
 
     python3 run.py receive PIECE_OR_DIR...     copy pieces (+ manifest.json) in, sha256 checked
     python3 run.py install                     reassemble, verify, unpack, pip install --target
+    python3 run.py scale [--name scaled]       the trained pair scaled to Qwen3-8B's shape
+                                               (ckpt/scaled; docs/scaled-pair.md)
     python3 run.py serve ARM [--ckpt random --block 16] [--budget N] [--wait 540]
                                                (ddtree: any budget >= 1 on any block,
                                                e.g. --block 16 --budget 64)
@@ -29,6 +31,8 @@ their own session and outlive the call that started them.
 ARM is plain, dflash or ddtree. Every server gets the same flags except the algorithm;
 ``serve --tp N`` adds ``--tp-size N`` (give every arm of a comparison the same N). Every
 server's environment has NVLink multicast off (``MULTICAST_OFF``), whatever the caller's says.
+``DDTREE_H200_PORT_BASE`` moves a second set of servers to other ports (e.g. the small pair
+on 31000 next to the scaled pair on 30000); their pid files carry the port base.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from pathlib import Path
 
 _BASE = int(os.environ.get("DDTREE_H200_PORT_BASE", "30000"))
 PORTS = {"plain": _BASE, "dflash": _BASE + 1, "ddtree": _BASE + 2}
+_PID_SUFFIX = "" if _BASE == 30000 else f"-{_BASE}"
 ALGORITHMS = {"plain": None, "dflash": "DFLASH", "ddtree": "DDTREE"}
 # Forced into every server's environment: NVLink multicast stays off on the lent machines.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -167,6 +172,25 @@ def server_env(state: Path) -> dict[str, str]:
     return env
 
 
+def cmd_scale(args) -> int:
+    """Build ``ckpt/<name>`` from the bundle's client: the shipped trained pair embedded in
+    Qwen3-8B's shape (16 GB target, 2 GB drafter; built on this GPU, never transferred)."""
+    state = state_dir(args)
+    out = state / "bundle" / "ckpt" / args.name
+    env = dict(os.environ)
+    env["PYTHONPATH"] = args.client or str(state / "bundle" / "client")
+    cmd = [sys.executable, "-m", "ddtree_cli.engine.export", "--scale", args.scale, str(out)]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        return proc.returncode
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(json.dumps({"ckpt": args.name, "seconds": round(time.monotonic() - start, 1),
+                      "files": len(summary["sha256"])}))  # fmt: skip
+    return 0
+
+
 # --- servers -----------------------------------------------------------------------------
 
 
@@ -252,7 +276,7 @@ def cmd_serve(args) -> int:
         f.flush()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=server_env(state),
                                 start_new_session=True)  # fmt: skip
-    (state / f"{args.arm}.pid").write_text(str(proc.pid))
+    (state / f"{args.arm}{_PID_SUFFIX}.pid").write_text(str(proc.pid))
     start = time.monotonic()
     while time.monotonic() - start < args.wait:
         if proc.poll() is not None:
@@ -276,7 +300,7 @@ def cmd_serve(args) -> int:
 def cmd_stop(args) -> int:
     state = state_dir(args)
     for arm in PORTS if args.arm == "all" else [args.arm]:
-        stop_session(state / f"{arm}.pid")
+        stop_session(state / f"{arm}{_PID_SUFFIX}.pid")
     return 0
 
 
@@ -591,6 +615,10 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("receive")
     s.add_argument("sources", nargs="+")
     sub.add_parser("install")
+    s = sub.add_parser("scale")
+    s.add_argument("--name", default="scaled", help="ckpt/<name> in the bundle")
+    s.add_argument("--scale", default="qwen3-8b")
+    s.add_argument("--client", help="folder holding ddtree_cli (default: the bundle's)")
     s = sub.add_parser("serve")
     s.add_argument("arm", choices=sorted(PORTS))
     s.add_argument("--ckpt", default="random")

@@ -1,9 +1,10 @@
 """Runs inside the SGLang CPU venv: load an exported checkpoint pair with the real loaders.
 
-argv: SGLANG_ROOT EXPORT_DIR INPUT_IDS_JSON LOGITS_SAFETENSORS
+argv: SGLANG_ROOT EXPORT_DIR INPUT_IDS_JSON LOGITS_SAFETENSORS [SMALL_LOGITS_SAFETENSORS]
 Prints one JSON line:
 - target: transformers' ``Qwen3ForCausalLM.from_pretrained`` on EXPORT_DIR/target in float32,
-  its logits on the input ids against the engine's (max |diff|, argmax agreement);
+  its logits on the input ids against the engine's (max |diff|, argmax agreement) and, for a
+  scaled pair, at the small vocabulary's entries against the small target's;
 - draft: SGLang's own ``DFlashDraftModel`` built from EXPORT_DIR/draft/config.json, every
   parameter set to NaN, then ``load_weights`` over the exported tensors: which parameters
   stayed NaN (never loaded), which exported names the loader ignored, and whether each
@@ -20,6 +21,7 @@ from types import SimpleNamespace
 import torch
 
 sglang_root, export_dir, ids_json, logits_path = sys.argv[1:5]
+small_logits_path = sys.argv[5] if len(sys.argv) > 5 else None
 sys.path.insert(0, sglang_root)
 export = Path(export_dir)
 facts: dict = {}
@@ -40,6 +42,10 @@ facts["target"] = {
     "argmax_equal": bool(torch.equal(hf_logits.argmax(-1), ours.argmax(-1))),
     "tied": bool(model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()),
 }
+if small_logits_path:
+    small = load_file(small_logits_path)["logits"].float()
+    diff = hf_logits[:, : small.shape[-1]] - small
+    facts["target"]["max_abs_diff_real_vs_small"] = float(diff.abs().max())
 
 # --- draft through SGLang's DFlashDraftModel ------------------------------------------
 import sglang.srt.server_args as server_args  # noqa: E402

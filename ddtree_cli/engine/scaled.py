@@ -1,0 +1,483 @@
+"""The scaled pair: a small engine pair embedded in a real model's shape, function unchanged.
+
+The target keeps the small target's function inside Qwen3-8B's shape (hidden 4096, 36 layers,
+32 query / 8 KV heads of 128, FFN 12288, vocabulary 151936, untied LM head); the drafter keeps
+the small drafter's function inside the shape of the published DFlash drafter for Qwen3-8B.
+Dense kernels do the same work whatever the values, so the pair costs what the real models
+cost. docs/scaled-pair.md derives why each step below preserves the function exactly in real
+arithmetic and where bf16 makes it approximate. In short, every hidden-size vector of the big
+models is ``s * x_small`` in the first ``d`` channels, a constant ``a`` in channel ``d`` and zero
+elsewhere, with ``s**2 * d / D = k`` and ``a**2 = D * eps * (k - 1)``, so that every RMSNorm sees
+``rms_big = sqrt(k) * rms_small`` exactly (the constant channel stands in for ``(k - 1)`` of
+the ``eps``), and norm weights are the small ones times ``sqrt(k) / s``:
+
+- attention heads keep their GQA group (small head ``h`` of group ``g`` -> big head
+  ``g * G + h % g_small``); a small head's rotary pair ``(i, i + hs/2)`` sits at the big head's
+  pair ``(r*i, r*i + hb/2)`` with ``r = hb / hs``, whose RoPE frequency is the same; q and k are
+  scaled by ``sqrt(r)`` before their norms (so those norms are exact too) and the q norm's weight
+  by ``1 / sqrt(r)`` (so the ``1/sqrt(head_dim)`` score scale is the small one);
+- extra heads, FFN units, layers and drafter feature slots contribute exactly zero: what they
+  compute never reaches the residual stream (zero output projections); weights whose input is
+  always zero are filled with seeded random values, so the kernels see dense weights;
+- extra vocabulary entries copy the LM head row of ``REFERENCE_TOKEN`` and add a large negative
+  weight on the constant channel: their logit is that token's logit minus a positive margin,
+  so they can never win, and their share of a softmax is negligible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import torch
+
+from ddtree_cli.engine.config import DraftConfig, TargetConfig, check_pair
+from ddtree_cli.engine.weights import ModelPair
+from ddtree_cli.errors import ConfigError
+
+# Extra vocabulary entries score REFERENCE_TOKEN's logit minus MARGIN * MARGIN_RMS / rms, where
+# rms is the small model's final residual rms: at least MARGIN nats while rms <= MARGIN_RMS
+# (the trained target's ranges from about 5 to 22 on stdlib text).
+REFERENCE_TOKEN = 0
+MARGIN = 32.0
+MARGIN_RMS = 256.0
+# The final norms' weight on the constant channel; large so the LM head's weight stays small
+# (float16 range), a power of two so it is exact in every dtype.
+CONSTANT_NORM_WEIGHT = 256.0
+
+DRAFTER_SOURCE = (
+    "the shape of z-lab/Qwen3-8B-DFlash-b16, the DFlash authors' drafter for Qwen3-8B "
+    "(github.com/z-lab/dflash), as a config derived from it records it (ZinYY/AdaFlash "
+    "configs/qwen3-8b-dflash-thresh-head.json): 5 Qwen3 layers of Qwen3-8B's width (hidden "
+    "4096, 32/8 heads of 128, FFN 12288, untied, vocab 151936) reading target layers "
+    "[1, 9, 17, 25, 33] of 36 (the DFlash rule round(1 + i * 32 / 4)), block size 16"
+)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The big shapes. ``draft`` gives the drafter's shape and feature layers; its block size
+    and mask token are the small drafter's."""
+
+    name: str
+    target: TargetConfig
+    draft: DraftConfig
+    source: str
+    # Config fields of the real model beyond the engine's, copied into config.json.
+    target_hf_extra: tuple[tuple[str, object], ...] = ()
+
+
+QWEN3_8B = Scale(
+    name="qwen3-8b",
+    # Qwen/Qwen3-8B config.json: hidden 4096, 36 layers, 32 / 8 heads of 128, intermediate
+    # 12288, vocab 151936, rms_norm_eps 1e-6, rope_theta 1e6, 40960 positions, untied.
+    target=TargetConfig(
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),
+    draft=DraftConfig(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=5,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        vocab_size=151936,
+        target_layer_ids=(1, 9, 17, 25, 33),
+    ),
+    source="target: Qwen/Qwen3-8B config.json; drafter: " + DRAFTER_SOURCE,
+    target_hf_extra=(
+        ("max_window_layers", 36),
+        ("use_sliding_window", False),
+        ("sliding_window", None),
+        ("rope_scaling", None),
+        ("attention_dropout", 0.0),
+    ),
+)
+SCALES = {QWEN3_8B.name: QWEN3_8B}
+
+
+def reduced_scale(
+    hidden: int = 512,
+    layers: int = 8,
+    intermediate: int = 1536,
+    heads: int = 8,
+    kv_heads: int = 2,
+    head_dim: int = 128,
+    draft_layers: int = 3,
+    feature_layers: tuple[int, ...] = (1, 3, 5, 6),
+    vocab: int = 151936,
+    max_positions: int = 4096,
+) -> Scale:
+    """A smaller big shape built the same way (CPU tests): Qwen3-8B's vocabulary and head
+    size, fewer channels and layers."""
+    target = replace(
+        QWEN3_8B.target,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_positions,
+    )
+    draft = replace(
+        QWEN3_8B.draft,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=draft_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        target_layer_ids=feature_layers,
+    )
+    extra = (("max_window_layers", layers), *QWEN3_8B.target_hf_extra[1:])
+    return Scale(f"reduced-h{hidden}-l{layers}", target, draft, "reduced (tests)", extra)
+
+
+@dataclass(frozen=True)
+class Residual:
+    """How a small hidden vector sits in a big one: ``s * x`` in channels ``[0, d)``, the
+    constant ``a`` in channel ``d``, zero elsewhere; RMSNorm weights scale by ``norm_scale``."""
+
+    small: int
+    big: int
+    s: float
+    k: float
+    a: float
+
+    @property
+    def channel(self) -> int:
+        return self.small
+
+    @property
+    def norm_scale(self) -> float:
+        return math.sqrt(self.k) / self.s
+
+
+def residual_layout(small: int, big: int, eps: float) -> Residual:
+    """``s``: the smallest power of two with ``s**2 >= 1.25 * D / d`` (exact in bf16, and
+    ``k = s**2 * d / D >= 1.25`` leaves room for the constant channel)."""
+    if big < small + 1:
+        raise ConfigError(f"hidden size {big} has no room for {small} channels and a constant")
+    s = 1.0
+    while s * s < 1.25 * big / small:
+        s *= 2.0
+    k = s * s * small / big
+    return Residual(small, big, s, k, math.sqrt(big * eps * (k - 1.0)))
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def head_map(small: AttnShape, big: AttnShape) -> tuple[torch.Tensor, torch.Tensor]:
+    """Big query head per small query head, big KV head per small KV head (GQA groups kept)."""
+    if small.heads % small.kv_heads or big.heads % big.kv_heads:
+        raise ConfigError("query heads must be a multiple of KV heads")
+    g_small, g_big = small.heads // small.kv_heads, big.heads // big.kv_heads
+    if small.kv_heads > big.kv_heads or g_small > g_big:
+        raise ConfigError(
+            f"{small.heads}/{small.kv_heads} heads do not fit in {big.heads}/{big.kv_heads}"
+        )
+    q = torch.tensor([(h // g_small) * g_big + h % g_small for h in range(small.heads)])
+    return q, torch.arange(small.kv_heads)
+
+
+def dim_map(small: int, big: int) -> torch.Tensor:
+    """Big head dimension per small one: rotate-half pair ``(i, i + small/2)`` goes to
+    ``(r*i, r*i + big/2)``, whose frequency ``theta**(-2*r*i/big)`` equals the small one's."""
+    if big % small or small % 2:
+        raise ConfigError(f"head dim {small} must be even and divide head dim {big}")
+    r, half = big // small, small // 2
+    first = torch.arange(half) * r
+    return torch.cat([first, first + big // 2])
+
+
+def place_layers(
+    small_layers: int,
+    small_features: tuple[int, ...],
+    big_layers: int,
+    big_features: tuple[int, ...],
+) -> list[int]:
+    """Big layer index of each small layer, such that big feature layer ``big_features[j]``
+    outputs what small feature layer ``small_features[j]`` does (the layers between are
+    identities, so a big layer outputs the last small layer placed at or before it)."""
+    if list(small_features) != sorted(set(small_features)):
+        raise ConfigError(f"drafter target_layer_ids {list(small_features)} must increase")
+    if len(big_features) < len(small_features):
+        raise ConfigError(
+            f"the big drafter reads {len(big_features)} layers, the small one {len(small_features)}"
+        )
+    anchor = dict(zip(small_features, big_features, strict=False))
+    places: list[int] = []
+    for i in range(small_layers):
+        p = anchor.get(i, places[-1] + 1 if places else i)
+        if places and p <= places[-1]:
+            p = -1
+        nxt = next((anchor[f] for f in small_features if f > i), big_layers)
+        if not 0 <= p < nxt or p >= big_layers:
+            raise ConfigError(
+                f"cannot place {small_layers} layers with features {list(small_features)} "
+                f"into {big_layers} layers with features {list(big_features)}"
+            )
+        places.append(p)
+    return places
+
+
+class _Builder:
+    """Builds big tensors (float32, on ``device``) from small ones; free weights are random."""
+
+    def __init__(self, res: Residual, device: torch.device, seed: int):
+        self.res = res
+        self.device = device
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+
+    def random(self, shape: tuple[int, ...]) -> torch.Tensor:
+        t = torch.randn(shape, generator=self.gen, device=self.device)
+        return t.mul_(shape[-1] ** -0.5)
+
+    def small(self, t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(self.device, torch.float32)
+
+    def norm(self, w: torch.Tensor | None, constant_weight: float = 1.0) -> torch.Tensor:
+        out = torch.ones(self.res.big, device=self.device)
+        if w is not None:
+            out[: self.res.small] = self.small(w) * self.res.norm_scale
+        out[self.res.channel] = constant_weight
+        return out
+
+    def reader(self, rows: int, small_rows: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+        """A projection reading a normed hidden vector: random, except that the rows in
+        ``small_rows`` read the real channels through ``w`` (zero if None) and ignore the
+        constant channel (their other inputs are always zero)."""
+        out = self.random((rows, self.res.big))
+        out[small_rows, : self.res.small + 1] = 0.0
+        if w is not None:
+            out[small_rows, : self.res.small] = self.small(w)
+        return out
+
+    def layer(self, small: dict[str, torch.Tensor] | None, s_attn: AttnShape, b_attn: AttnShape,
+              intermediate: int) -> dict[str, torch.Tensor]:  # fmt: skip
+        """One big decoder layer (names relative to the layer); ``small=None``: an identity."""
+        d, big, hb = self.res.small, self.res.big, b_attn.head_dim
+        q_rows, kv_rows = b_attn.heads * hb, b_attn.kv_heads * hb
+        if small is None:
+            return {
+                "self_attn.q_proj.weight": self.random((q_rows, big)),
+                "self_attn.k_proj.weight": self.random((kv_rows, big)),
+                "self_attn.v_proj.weight": self.random((kv_rows, big)),
+                "self_attn.o_proj.weight": torch.zeros(big, q_rows, device=self.device),
+                "self_attn.q_norm.weight": torch.ones(hb, device=self.device),
+                "self_attn.k_norm.weight": torch.ones(hb, device=self.device),
+                "mlp.gate_proj.weight": self.random((intermediate, big)),
+                "mlp.up_proj.weight": self.random((intermediate, big)),
+                "mlp.down_proj.weight": torch.zeros(big, intermediate, device=self.device),
+                "input_layernorm.weight": torch.ones(big, device=self.device),
+                "post_attention_layernorm.weight": torch.ones(big, device=self.device),
+            }
+        qmap, kvmap = head_map(s_attn, b_attn)
+        pi = dim_map(s_attn.head_dim, hb)
+        r = hb // s_attn.head_dim
+        # Row index of (big head, big dim) for every (small head, small dim).
+        q_at = (qmap[:, None] * hb + pi[None, :]).flatten().to(self.device)
+        kv_at = (kvmap[:, None] * hb + pi[None, :]).flatten().to(self.device)
+        q_head_rows = (qmap[:, None] * hb + torch.arange(hb)).flatten().to(self.device)
+        kv_head_rows = (kvmap[:, None] * hb + torch.arange(hb)).flatten().to(self.device)
+
+        def qk(rows: int, at: torch.Tensor, head_rows: torch.Tensor, w: torch.Tensor):
+            # Whole mapped heads read nothing real but their own dims: q and k enter the
+            # per-head norm, whose mean square must be the small one's (times 1).
+            out = self.reader(rows, head_rows, None)
+            out[at, :d] = self.small(w) * math.sqrt(r)
+            return out
+
+        def head_norm(w: torch.Tensor, scale: float) -> torch.Tensor:
+            out = torch.ones(hb, device=self.device)
+            out[pi.to(self.device)] = self.small(w) * scale
+            return out
+
+        o = torch.zeros(big, q_rows, device=self.device)
+        o[:d, q_at] = self.small(small["self_attn.o_proj.weight"]) * self.res.s
+        i_small = small["mlp.gate_proj.weight"].shape[0]
+        units = torch.arange(i_small, device=self.device)
+        down = torch.zeros(big, intermediate, device=self.device)
+        down[:d, :i_small] = self.small(small["mlp.down_proj.weight"]) * self.res.s
+        return {
+            "self_attn.q_proj.weight": qk(q_rows, q_at, q_head_rows,
+                                          small["self_attn.q_proj.weight"]),
+            "self_attn.k_proj.weight": qk(kv_rows, kv_at, kv_head_rows,
+                                          small["self_attn.k_proj.weight"]),
+            "self_attn.v_proj.weight": self.reader(kv_rows, kv_at,
+                                                   small["self_attn.v_proj.weight"]),
+            "self_attn.o_proj.weight": o,
+            "self_attn.q_norm.weight": head_norm(small["self_attn.q_norm.weight"], r**-0.5),
+            "self_attn.k_norm.weight": head_norm(small["self_attn.k_norm.weight"], 1.0),
+            "mlp.gate_proj.weight": self.reader(intermediate, units, small["mlp.gate_proj.weight"]),
+            "mlp.up_proj.weight": self.reader(intermediate, units, small["mlp.up_proj.weight"]),
+            "mlp.down_proj.weight": down,
+            "input_layernorm.weight": self.norm(small["input_layernorm.weight"]),
+            "post_attention_layernorm.weight": self.norm(small["post_attention_layernorm.weight"]),
+        }  # fmt: skip
+
+
+def _layer_state(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+@dataclass
+class ScaledPair:
+    """Configs and lazily built tensors (float32, on the build device) of a scaled pair."""
+
+    target_config: TargetConfig
+    draft_config: DraftConfig
+    scale: Scale
+    residual: Residual
+    target_places: list[int]
+    drafter_places: list[int]
+    lm_head_constant_weight: float
+    _pair: ModelPair
+    _device: torch.device
+    _seed: int
+
+    def facts(self) -> dict:
+        """What the manifest records about the construction."""
+        return {
+            "scale": self.scale.name,
+            "source": self.scale.source,
+            "residual": {
+                "small_hidden": self.residual.small,
+                "scale_s": self.residual.s,
+                "k": self.residual.k,
+                "constant_channel": self.residual.channel,
+                "constant_value": self.residual.a,
+                "norm_weight_scale": self.residual.norm_scale,
+            },  # fmt: skip
+            "target_layers_of_small_layers": self.target_places,
+            "drafter_layers_of_small_layers": self.drafter_places,
+            "extra_vocabulary": {
+                "rows": f"{self._pair.target.config.vocab_size}..{self.target_config.vocab_size - 1}",
+                "reference_token": REFERENCE_TOKEN,
+                "margin_nats_at_or_below_rms": [MARGIN, MARGIN_RMS],
+                "lm_head_constant_weight": self.lm_head_constant_weight,
+            },
+            "seed": self._seed,
+        }
+
+    def target_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        b = _Builder(self.residual, self._device, self._seed)
+        small = self._pair.target.state_dict()
+        s_cfg, b_cfg = self._pair.target.config, self.target_config
+        d, vs = s_cfg.hidden_size, s_cfg.vocab_size
+        embed = torch.zeros(b_cfg.vocab_size, b_cfg.hidden_size, device=self._device)
+        embed[:vs, :d] = b.small(small["model.embed_tokens.weight"]) * self.residual.s
+        embed[:, self.residual.channel] = self.residual.a
+        yield "model.embed_tokens.weight", embed
+        del embed
+        s_attn, b_attn = _attn(s_cfg), _attn(b_cfg)
+        for i in range(b_cfg.num_hidden_layers):
+            j = self.target_places.index(i) if i in self.target_places else None
+            layer = None if j is None else _layer_state(small, f"model.layers.{j}.")
+            tensors = b.layer(layer, s_attn, b_attn, b_cfg.intermediate_size)
+            for name, t in tensors.items():
+                yield f"model.layers.{i}.{name}", t
+        yield "model.norm.weight", b.norm(small["model.norm.weight"], CONSTANT_NORM_WEIGHT)
+        head = small.get("lm_head.weight", small["model.embed_tokens.weight"])
+        out = b.random((b_cfg.vocab_size, b_cfg.hidden_size))
+        out[:, : d + 1] = 0.0
+        out[:vs, :d] = b.small(head)
+        out[vs:, :d] = b.small(head[REFERENCE_TOKEN])
+        out[vs:, self.residual.channel] = self.lm_head_constant_weight
+        yield "lm_head.weight", out
+
+    def draft_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        b = _Builder(self.residual, self._device, self._seed + 1)
+        small = self._pair.drafter.state_dict()
+        s_cfg, b_cfg = self._pair.drafter.config, self.draft_config
+        d, big = s_cfg.hidden_size, b_cfg.hidden_size
+        slots_small, slots_big = len(s_cfg.target_layer_ids), len(b_cfg.target_layer_ids)
+        # fc reads [slot, channel]; inputs are big residuals (s*x, a, 0...), output likewise.
+        fc = b.random((big, slots_big, big))
+        fc[:, :, : d + 1] = 0.0
+        w = b.small(small["fc.weight"]).view(d, slots_small, d)
+        fc[:d, :slots_small, :d] = w
+        fc[self.residual.channel, 0, self.residual.channel] = 1.0
+        yield "fc.weight", fc.view(big, slots_big * big)
+        del fc
+        yield "hidden_norm.weight", b.norm(small["hidden_norm.weight"])
+        s_attn, b_attn = _attn(s_cfg), _attn(b_cfg)
+        for i in range(b_cfg.num_hidden_layers):
+            j = self.drafter_places.index(i) if i in self.drafter_places else None
+            layer = None if j is None else _layer_state(small, f"layers.{j}.")
+            for name, t in b.layer(layer, s_attn, b_attn, b_cfg.intermediate_size).items():
+                yield f"layers.{i}.{name}", t
+        yield "norm.weight", b.norm(small["norm.weight"], CONSTANT_NORM_WEIGHT)
+
+
+def _attn(cfg: TargetConfig | DraftConfig) -> AttnShape:
+    return AttnShape(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+
+
+def scale_pair(
+    pair: ModelPair, scale: Scale, device: str | torch.device = "cpu", seed: int = 0
+) -> ScaledPair:
+    """Check that ``pair`` fits ``scale`` and plan the scaled pair (tensors come lazily)."""
+    st, sd = pair.target.config, pair.drafter.config
+    bt = scale.target
+    bd = replace(scale.draft, block_size=sd.block_size, mask_token_id=sd.mask_token_id)
+    check_pair(bt, bd)
+    if bt.tie_word_embeddings:
+        raise ConfigError(f"scale {scale.name}: the scaled target needs an untied LM head")
+    for what, small, big in (
+        ("rms_norm_eps", st.rms_norm_eps, bt.rms_norm_eps),
+        ("rms_norm_eps", sd.rms_norm_eps, bd.rms_norm_eps),
+        ("rope_theta", st.rope_theta, bt.rope_theta),
+        ("rope_theta", sd.rope_theta, bd.rope_theta),
+    ):
+        if small != big:
+            raise ConfigError(f"scale {scale.name}: {what} {big} differs from the pair's {small}")
+    for what, small, big in (
+        ("vocabulary", st.vocab_size, bt.vocab_size),
+        ("target layers", st.num_hidden_layers, bt.num_hidden_layers),
+        ("drafter layers", sd.num_hidden_layers, bd.num_hidden_layers),
+        ("target FFN", st.intermediate_size, bt.intermediate_size),
+        ("drafter FFN", sd.intermediate_size, bd.intermediate_size),
+        ("positions", st.max_position_embeddings, bt.max_position_embeddings),
+    ):
+        if small > big:
+            raise ConfigError(
+                f"scale {scale.name}: {what} {big} is smaller than the pair's {small}"
+            )
+    if st.hidden_size != sd.hidden_size:
+        raise ConfigError("the pair's drafter and target differ in hidden size")
+    head_map(_attn(st), _attn(bt))
+    head_map(_attn(sd), _attn(bd))
+    dim_map(st.head_dim, bt.head_dim)
+    dim_map(sd.head_dim, bd.head_dim)
+    res = residual_layout(st.hidden_size, bt.hidden_size, bt.rms_norm_eps)
+    target_places = place_layers(
+        st.num_hidden_layers, sd.target_layer_ids, bt.num_hidden_layers, bd.target_layer_ids
+    )
+    drafter_places = list(range(sd.num_hidden_layers))
+    # Extra logit = reference logit + w_c * (CONSTANT_NORM_WEIGHT * a / (sqrt(k) * rms)).
+    w_c = -MARGIN * MARGIN_RMS * math.sqrt(res.k) / (CONSTANT_NORM_WEIGHT * res.a)
+    return ScaledPair(
+        bt, bd, scale, res, target_places, drafter_places, w_c, pair, torch.device(device), seed
+    )
