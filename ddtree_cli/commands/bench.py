@@ -14,6 +14,7 @@ from rich.table import Table
 from ddtree_cli.commands._options import JsonOpt
 from ddtree_cli.console import console, emit_json, err_console, warn
 from ddtree_cli.errors import ConfigError
+from ddtree_cli.extras import ENGINE, require
 
 
 def _parse_urls(values: list[str], algo: str) -> dict[str, str]:
@@ -207,6 +208,8 @@ def bench(
         server_timeout=server_timeout, host=host, config=config, identity=identity,
         known_hosts=known_hosts, accept_new_host_key=accept_new_host_key, service_port=port,
     )
+    if opts.embedded:
+        require(ENGINE, "the embedded bench (no --url, no --host)")
     show = not json_out and err_console.is_terminal
     progress = (
         Progress(
