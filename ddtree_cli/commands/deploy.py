@@ -12,9 +12,19 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from ddtree_cli.commands._options import DryRunOpt, JsonOpt
+from ddtree_cli.commands._options import (
+    AcceptNewHostKeyOpt,
+    DryRunOpt,
+    GroupOpt,
+    HostsOpt,
+    IdentityOpt,
+    InventoryOpt,
+    JsonOpt,
+    KnownHostsOpt,
+    SshConfigOpt,
+)
 from ddtree_cli.console import STATUS_STYLE, console, emit_json, err_console
-from ddtree_cli.errors import ConfigError, DdtreeError, ExitCode
+from ddtree_cli.errors import DdtreeError, ExitCode, UsageError
 
 STATE_STYLE = {
     "deployed": "green", "unchanged": "green", "active": "green", "dry_run": "cyan",
@@ -26,24 +36,19 @@ STATE_STYLE = {
 def deploy_command(
     config: Annotated[Path, typer.Option(
         "--config", "-c", help="Deployment YAML (see configs/).")],
-    host: Annotated[list[str] | None, typer.Option(
-        "--host", help="[USER@]HOST[:PORT] or an ~/.ssh/config alias; repeatable.")] = None,
-    inventory: Annotated[Path | None, typer.Option(help="Inventory YAML of hosts and groups.")] = None,
-    group: Annotated[str | None, typer.Option(help="Only this inventory group.")] = None,
-    identity: Annotated[str | None, typer.Option(
-        "--identity", "-i", help="Private key file (default: ssh config, agent, ~/.ssh/id_*).")] = None,
+    host: HostsOpt = None,
+    inventory: InventoryOpt = None,
+    group: GroupOpt = None,
+    identity: IdentityOpt = None,
     algo: Annotated[str | None, typer.Option(
         help="dflash or ddtree (default: launch.algo). Only the algorithm flags differ.")] = None,
     remote_python: Annotated[str | None, typer.Option(
         help="The host's Python with torch and sglang (default: remote.python).")] = None,
     port: Annotated[int | None, typer.Option(
         help="Service port on every host (default: server.port or the inventory's).")] = None,
-    accept_new_host_key: Annotated[bool, typer.Option(
-        "--accept-new-host-key", help="Record unknown host keys (like OpenSSH's accept-new). Changed keys are "
-             "always refused.")] = False,
-    known_hosts: Annotated[str | None, typer.Option(
-        help="known_hosts file to check against and record in (default ~/.ssh/known_hosts).")] = None,
-    ssh_config: Annotated[str | None, typer.Option(help="ssh config (default ~/.ssh/config).")] = None,
+    accept_new_host_key: AcceptNewHostKeyOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    ssh_config: SshConfigOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Deploy even when preflight checks fail.")] = False,
     rollback: Annotated[bool, typer.Option(
         "--rollback", help="Switch back to the previous release and restart.")] = False,
@@ -58,17 +63,17 @@ def deploy_command(
     from ddtree_cli.remote.ssh import HostSpec
 
     if sum([rollback, status, dry_run]) > 1:
-        raise ConfigError("--rollback, --status and --dry-run are exclusive")
+        raise UsageError("--rollback, --status and --dry-run are exclusive")
     if algo is not None and algo not in ("dflash", "ddtree"):
-        raise ConfigError(f"--algo must be dflash or ddtree, got {algo!r}")
+        raise UsageError(f"--algo must be dflash or ddtree, got {algo!r}")
     cfg = load_deploy_config(config)
     hosts = [HostSpec.parse(h) for h in host or []]
     if inventory is not None:
         hosts += load_inventory(inventory).select(group)
     elif group is not None:
-        raise ConfigError("--group needs --inventory")
+        raise UsageError("--group needs --inventory")
     if not hosts:
-        raise ConfigError("no hosts: pass --host or --inventory")
+        raise UsageError("no hosts: pass --host or --inventory")
     opts = dp.DeployOptions(algo=algo, remote_python=remote_python, identity=identity,
                             accept_new_host_key=accept_new_host_key, known_hosts=known_hosts,
                             ssh_config=ssh_config, service_port=port, force=force)
