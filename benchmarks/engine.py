@@ -33,8 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ddtree_cli.engine.config import BENCH_DRAFT, BENCH_TARGET  # noqa: E402
 from ddtree_cli.engine.decoding import Engine, RequestState  # noqa: E402
+from ddtree_cli.engine.model_config import BENCH_DRAFT, BENCH_TARGET  # noqa: E402
 from ddtree_cli.engine.oracle import PeakedDraftHook  # noqa: E402
 from ddtree_cli.engine.weights import random_pair  # noqa: E402
 

@@ -24,13 +24,22 @@ from ddtree_cli.commands._options import (
     SshConfigOpt,
 )
 from ddtree_cli.console import STATUS_STYLE, console, emit_json, err_console
+from ddtree_cli.deploy.report import HostStatus
 from ddtree_cli.errors import DdtreeError, ExitCode, UsageError
 
-STATE_STYLE = {
-    "deployed": "green", "unchanged": "green", "active": "green", "dry_run": "cyan",
-    "rolled_back_on_request": "green", "rolled_back": "yellow", "failed": "red",
-    "unreachable": "red", "preflight_failed": "red", "preflight failed": "red",
-}
+_STYLE_OF = {
+    HostStatus.DRY_RUN: "cyan", HostStatus.PENDING: "cyan", HostStatus.ROLLED_BACK: "yellow",
+    HostStatus.ACTIVATING: "yellow", HostStatus.RELOADING: "yellow",
+}  # fmt: skip
+
+
+def _style(state: str) -> str:
+    """A host status in green (success), yellow or red; a phase (connecting, syncing, ...) cyan."""
+    try:
+        status = HostStatus(state)
+    except ValueError:
+        return "cyan"
+    return _STYLE_OF.get(status) or ("green" if status.ok else "red")
 
 
 def deploy_command(
@@ -59,8 +68,8 @@ def deploy_command(
 ) -> None:
     """Preflight, sync, install a systemd unit, wait until it serves; roll back if it does not."""
     from ddtree_cli import deploy as dp
-    from ddtree_cli.config import load_deploy_config, load_inventory
-    from ddtree_cli.remote.ssh import HostSpec
+    from ddtree_cli.deploy.config import load_deploy_config, load_inventory
+    from ddtree_cli.remote.hostspec import HostSpec
 
     if sum([rollback, status, dry_run]) > 1:
         raise UsageError("--rollback, --status and --dry-run are exclusive")
@@ -93,7 +102,7 @@ def deploy_command(
         t.add_column("detail", overflow="fold")
         with lock:
             for label, (phase, detail) in rows.items():
-                style = STATE_STYLE.get(phase, "cyan")
+                style = _style(phase)
                 t.add_row(escape(label), f"[{style}]{escape(phase)}[/]", escape(detail[:100]))
         return t
 
@@ -137,13 +146,13 @@ def deploy_command(
         first = failed[0]
         raise DdtreeError(f"{len(failed)} of {len(reports)} host(s) failed; {first.host}: "
                           f"{first.status}: {first.message or 'see above'}",
-                          exit_code=ExitCode.REMOTE if first.status == "unreachable"
+                          exit_code=ExitCode.REMOTE if first.status is HostStatus.UNREACHABLE
                           else ExitCode.FAILURE)
 
 
 def _print_reports(reports, action: str) -> None:
     for r in reports:
-        if r.preflight and (action == "dry-run" or r.status == "preflight_failed"
+        if r.preflight and (action == "dry-run" or r.status is HostStatus.PREFLIGHT_FAILED
                             or any(p.status == "fail" for p in r.preflight)):
             t = Table(title=f"preflight · {escape(r.host)}", title_justify="left")
             for col in ("check", "status", "detail", "fix"):
@@ -171,9 +180,9 @@ def _print_reports(reports, action: str) -> None:
     for col in ("host", "status", "release", "url", "uploaded", "detail"):
         t.add_column(col, overflow="fold")
     for r in reports:
-        style = STATE_STYLE.get(r.status, "cyan")
+        style = _style(r.status)
         uploaded = f"{r.uploaded_files} files, {r.uploaded_bytes / 1e6:.1f} MB" \
-            if action == "deploy" and r.status not in ("unreachable",) else ""
+            if action == "deploy" and r.status is not HostStatus.UNREACHABLE else ""
         t.add_row(escape(r.host), f"[{style}]{r.status}[/]", r.release or "-", r.url or "-",
                   uploaded, escape(r.message))
     console.print(t)

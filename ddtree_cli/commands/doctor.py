@@ -32,7 +32,7 @@ def _targets(hosts: list[str], inventory: Path | None, group: str | None) -> dic
     HostSpec, which carries its own user, port and key)."""
     targets: dict[str, object] = {h: h for h in hosts}
     if inventory is not None:
-        from ddtree_cli.config import load_inventory
+        from ddtree_cli.deploy.config import load_inventory
 
         for spec in load_inventory(inventory).select(group):
             targets.setdefault(spec.label, spec)

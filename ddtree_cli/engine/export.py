@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ddtree_cli.engine.config import DraftConfig, TargetConfig
+from ddtree_cli.engine.model_config import DraftConfig, TargetConfig
 from ddtree_cli.engine.weights import (
     DEFAULT_SEED,
     ModelPair,

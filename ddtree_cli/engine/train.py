@@ -39,8 +39,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ddtree_cli.engine.config import DraftConfig, TargetConfig
 from ddtree_cli.engine.drafter import DFlashDrafter
+from ddtree_cli.engine.model_config import DraftConfig, TargetConfig
 from ddtree_cli.engine.target import Qwen3Target
 from ddtree_cli.engine.tokenizer import EOS_ID, MASK_ID, VOCAB_SIZE, ByteTokenizer
 from ddtree_cli.engine.weights import MANIFEST, ModelPair, random_pair, save_pair
