@@ -107,7 +107,7 @@ def test_every_command_has_help(plain):
         assert "Usage" in proc.stdout
 
 
-def test_serve_and_the_embedded_bench_name_the_engine_extra_in_one_line(plain):
+def test_serve_the_embedded_bench_and_training_name_the_engine_extra_in_one_line(plain):
     for argv in (["serve"], ["bench", "--output", plain.root / "bench-embedded"]):
         proc = plain.ddtree(*argv)
         assert proc.returncode == 3, (argv, proc.stdout, proc.stderr)
@@ -116,6 +116,13 @@ def test_serve_and_the_embedded_bench_name_the_engine_extra_in_one_line(plain):
         assert "pip install 'ddtree-cli[engine]'" in lines[0]
         assert "pipx inject ddtree-cli torch safetensors" in lines[0]
     assert not (plain.root / "bench-embedded").exists()
+    training = plain.python("-m", "ddtree_cli.training", "corpus", "--out", plain.root / "c.npz")
+    assert training.returncode == 3, training.stderr
+    assert training.stderr.strip().splitlines() == [
+        "Error: python -m ddtree_cli.training needs the engine extra (torch, safetensors not "
+        "installed): pip install 'ddtree-cli[engine]' (pipx: pipx inject ddtree-cli torch "
+        "safetensors)"
+    ]
 
 
 def test_patch_fetches_checks_and_applies_without_a_checkout(plain):
