@@ -7,7 +7,8 @@ import hmac
 import pytest
 
 from ddtree_cli.errors import RemoteError
-from ddtree_cli.remote.ssh import HostSpec, read_known_keys
+from ddtree_cli.remote.hostspec import HostSpec
+from ddtree_cli.remote.ssh import read_known_keys
 
 
 @pytest.mark.parametrize(
