@@ -40,12 +40,28 @@ MIN_CUDA_FOR_CAPABILITY: dict[tuple[int, int], tuple[int, int]] = {
 
 TORCH_INDEX = "https://download.pytorch.org/whl"
 
-# Unsuffixed NVIDIA wheels whose own major version is the CUDA major (CUDA 13 dropped the
-# -cu13 suffix for these: nvidia-cublas 13.x). Others (nvidia-ml-py, nvidia-nccl, cudnn)
-# number themselves independently and say nothing about the CUDA major.
-_CUDA_VERSIONED_UNSUFFIXED = re.compile(
-    r"^nvidia-(cublas|cuda-[a-z-]+|nvjitlink|nvtx|cufft|curand|cusolver|cusparse|npp|nvjpeg)$"
-)
+# Which CUDA release an unsuffixed NVIDIA wheel belongs to. Since CUDA 11 each component is
+# versioned on its own (NVIDIA's CUDA Toolkit Release Notes, section "CUDA Toolkit Major
+# Components", e.g. https://docs.nvidia.com/cuda/archive/13.0.0/cuda-toolkit-release-notes/
+# index.html, Table 1 "CUDA 13.0 Component Versions"), so a library's version is not the CUDA
+# major: CUDA 13.0 Update 2 ships cuBLAS 13.1.0.3, cuFFT 12.0.0.61, cuRAND 10.4.0.35, cuSOLVER
+# 12.0.4.66, cuSPARSE 12.6.3.3, nvJitLink 13.0.88. The ranges below are the component versions
+# of every CUDA 12.x and 13.x release as NVIDIA's own package channel labels them per release
+# (https://anaconda.org/nvidia/libcufft/labels, .../libcurand, .../libcusolver,
+# .../libcusparse, read 2026-12-01), checked against the pins of the real cuda-toolkit 13.0.2 /
+# 13.0.3 and torch 2.9.1 (cu128) wheels. A version outside every range is "not in the table"
+# and proves nothing; torch's own pins (its Requires-Dist) decide first.
+# component: [(lowest version prefix, highest version prefix, CUDA major)]
+CUDA_COMPONENT_RANGES: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], int]]] = {
+    "cufft": [((11, 0), (11, 4), 12), ((12, 0), (12, 1), 13)],
+    "curand": [((10, 3, 1), (10, 3), 12), ((10, 4), (10, 4), 13)],
+    "cusolver": [((11, 4), (11, 7), 12), ((12, 0), (12, 2), 13)],
+    "cusparse": [((12, 0), (12, 5), 12), ((12, 6), (12, 7), 13)],
+}
+# Components whose major version is the CUDA major in every 12.x and 13.x release (cuBLAS
+# 12.8.4.1 in 12.8 Update 1, 13.1.0.3 in 13.0 Update 2; cudart, NVRTC, CUPTI, NVTX, nvJitLink,
+# NPP and nvJPEG 13.0.x in 13.0).
+_SAME_MAJOR_COMPONENTS = re.compile(r"^(cublas|cuda-[a-z-]+|nvjitlink|nvtx|npp|nvjpeg)$")
 
 
 @dataclass(frozen=True)
@@ -441,51 +457,187 @@ def check_nvcc(facts: dict) -> Verdict:
     return passed("cuda.nvcc", f"nvcc {nvcc['release']} matches torch's CUDA {major}")
 
 
-def cuda_majors_of_packages(packages: dict[str, str]) -> dict[int, list[str]]:
-    """CUDA major -> the installed packages that are built for it."""
-    majors: dict[int, list[str]] = {}
-    for name, version in sorted(packages.items()):
-        major = None
+def _in_range(version: tuple[int, ...], low: tuple[int, ...], high: tuple[int, ...]) -> bool:
+    return version[: len(low)] >= low and version[: len(high)] <= high
+
+
+def component_cuda_major(name: str, version: str) -> int | None:
+    """CUDA major of an unsuffixed NVIDIA wheel from NVIDIA's component table; None when the
+    name or version is not in it (nvidia-ml-py, nccl, cuDNN, cuFile number themselves)."""
+    component = name.removeprefix("nvidia-")
+    have = version_tuple(version)
+    if not name.startswith("nvidia-") or not have:
+        return None
+    if _SAME_MAJOR_COMPONENTS.match(component):
+        return have[0] if have[0] in (12, 13) else None
+    for low, high, major in CUDA_COMPONENT_RANGES.get(component, []):
+        if _in_range(have, low, high):
+            return major
+    return None
+
+
+def _requirement_specs(lines: list[str], extras: set[str] | None = None) -> dict[str, str]:
+    """{normalised name: version spec} of Requires-Dist lines whose marker is Linux or none,
+    keeping extras only when ``extras`` names them ("nvidia-cublas==13.1.0.3.*" -> "13.1.0.3")."""
+    specs = {}
+    for line in lines:
+        requirement, _, marker = line.partition(";")
+        extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
+        if extra and (extras is None or extra.group(1) not in extras):
+            continue
+        if "sys_platform" in marker and "linux" not in marker:
+            continue
+        if "platform_system" in marker and "Linux" not in marker:
+            continue
+        match = re.match(r"^\s*([A-Za-z0-9_.\-]+)(\[([^\]]*)\])?\s*(.*)$", requirement)
+        if match:
+            spec = match.group(4).strip()
+            specs[_normalise(match.group(1))] = spec
+            if extra is None and match.group(3) is not None:
+                specs[f"{_normalise(match.group(1))}[]"] = match.group(3)
+    return specs
+
+
+def _spec_version(spec: str) -> str | None:
+    match = re.match(r"^==\s*([0-9][0-9A-Za-z.]*?)(\.\*)?$", spec.strip())
+    return match.group(1) if match else None
+
+
+def torch_own_pins(facts: dict) -> dict[str, str]:
+    """The NVIDIA wheels the installed torch declares, {name: exact version}: its own
+    Requires-Dist (nvidia-cudnn-cu13==9.19.0.56, ...) plus, for CUDA 13 builds, the pins of the
+    cuda-toolkit extras it asks for (cuda-toolkit[cublas,...]==13.0.2 -> nvidia-cublas
+    13.1.0.3.*, ...), read from the installed cuda-toolkit's Requires-Dist."""
+    requires = facts.get("requires") or {}
+    torch_specs = _requirement_specs(requires.get("torch") or [])
+    pins = {
+        n: v for n, spec in torch_specs.items() if n.startswith("nvidia-") and
+        (v := _spec_version(spec))
+    }  # fmt: skip
+    extras = torch_specs.get("cuda-toolkit[]")
+    if extras is not None and requires.get("cuda-toolkit"):
+        wanted = {e.strip() for e in extras.split(",") if e.strip()}
+        for name, spec in _requirement_specs(requires["cuda-toolkit"], wanted).items():
+            version = _spec_version(spec)
+            if name.startswith("nvidia-") and version:
+                pins[name] = version
+    return pins
+
+
+@dataclass(frozen=True)
+class CudaPackage:
+    name: str
+    version: str
+    major: int
+    reason: str  # "torch's pin", "-cu12 suffix", "NVIDIA's component table", "+cu130 tag"
+
+
+def cuda_packages(facts: dict) -> list[CudaPackage]:
+    """Every installed package whose CUDA major is known, and how it is known."""
+    own = torch_own_pins(facts)
+    torch_major = torch_cuda_major(facts)
+    found = []
+    for name, version in sorted((facts.get("packages") or {}).items()):
         suffix = re.search(r"-cu(\d+)$", name)
         if name.startswith("nvidia-") and suffix:
-            major = int(suffix.group(1))
-        elif _CUDA_VERSIONED_UNSUFFIXED.match(name):
-            first = version_tuple(version)[:1]
-            major = first[0] if first and 11 <= first[0] <= 14 else None
+            major, reason = int(suffix.group(1)), f"-cu{suffix.group(1)} suffix"
+        elif name in own and torch_major is not None and _same_release(version, own[name]):
+            major, reason = torch_major, "torch's pin"
+        elif (major := component_cuda_major(name, version)) is not None:
+            reason = "NVIDIA's component table"
+        elif (major := local_cuda_major(version)) is not None:
+            reason = "local version tag"
         else:
-            major = local_cuda_major(version)
-        if major is not None:
-            majors.setdefault(major, []).append(f"{name}=={version}")
+            continue
+        found.append(CudaPackage(name, version, major, reason))
+    return found
+
+
+def _same_release(installed: str, pinned: str) -> bool:
+    have, want = version_tuple(installed), version_tuple(pinned)
+    return bool(want) and have[: len(want)] == want
+
+
+def _component(name: str) -> str:
+    return re.sub(r"-cu\d+$", "", name)
+
+
+def cuda_majors_of_packages(facts: dict) -> dict[int, list[str]]:
+    """CUDA major -> the installed packages that are built for it."""
+    majors: dict[int, list[str]] = {}
+    for package in cuda_packages(facts):
+        majors.setdefault(package.major, []).append(f"{package.name}=={package.version}")
     return majors
 
 
 def check_cuda_packages(facts: dict) -> Verdict:
-    packages = dict(facts.get("packages") or {})
-    majors = cuda_majors_of_packages(packages)
+    found = cuda_packages(facts)
     torch_major = torch_cuda_major(facts)
-    if torch_major is not None:
-        majors.setdefault(torch_major, [])
-        torch_entry = f"torch=={(facts.get('torch') or {}).get('version')}"
-        if torch_entry not in majors[torch_major]:
-            majors[torch_major].append(torch_entry)
+    majors = {p.major for p in found} | ({torch_major} if torch_major is not None else set())
     if not majors:
         return skipped("cuda.packages", "no CUDA-tagged packages installed")
-    if len(majors) > 1:
-        keep = torch_major if torch_major is not None else max(majors)
-        strays = [p for m, ps in majors.items() if m != keep for p in ps]
-        detail = "; ".join(
-            f"CUDA {m}: {', '.join(ps[:3])}{' …' if len(ps) > 3 else ''}"
-            for m, ps in sorted(majors.items())
+    keep = torch_major if torch_major is not None else max(majors)
+    strays = [p for p in found if p.major != keep]
+    own = torch_own_pins(facts)
+    if not strays:
+        basis = (
+            f"torch's own pins ({len(own)} NVIDIA wheels)" if own else "suffixes and NVIDIA's "
+            "component table (torch's Requires-Dist was not read)"
         )
-        names = " ".join(p.split("==")[0] for p in strays[:6])
-        return failed(
+        return passed(
             "cuda.packages",
-            f"packages built for different CUDA majors ({detail})",
-            f"{_pip(facts).replace(' install', ' uninstall -y')} {names}, then reinstall "
-            f"them for CUDA {keep}",
+            f"{len(found)} CUDA package(s) all belong to CUDA {keep}, judged by {basis}",
         )
-    (major,) = majors
-    return passed("cuda.packages", f"every CUDA-tagged package is built for CUDA {major}")
+    torch_version = (facts.get("torch") or {}).get("version")
+    needed_by = _required_by(facts, {p.name for p in strays})
+    listing = ", ".join(
+        f"{p.name}=={p.version} ({p.reason}"
+        + (f"; required by {', '.join(needed_by[p.name])}" if needed_by.get(p.name) else "")
+        + ")"
+        for p in strays
+    )
+    replace = sorted({n for p in strays for n in own if _component(n) == _component(p.name)})
+    remove = [p.name for p in strays if p.name not in own]
+    pip = _pip(facts)
+    steps = []
+    if remove:
+        steps.append(f"{pip.replace(' install', ' uninstall -y')} {' '.join(remove)}")
+    if replace:
+        # A -cu12 and a -cu13 wheel of one library may ship the same file (nvidia/cudnn/lib/
+        # libcudnn.so.9): uninstalling one deletes it for both, so torch's is put back.
+        steps.append(
+            f"{pip} --force-reinstall --no-deps " + " ".join(f"'{n}=={own[n]}'" for n in replace)
+        )
+    fix = " && ".join(steps)
+    blockers = sorted({b for p in strays for b in needed_by.get(p.name, [])})
+    if blockers:
+        fix += f"; then install {', '.join(blockers)} built for CUDA {keep}"
+    other = "/".join(sorted({str(p.major) for p in strays}))
+    return failed(
+        "cuda.packages",
+        f"torch {torch_version} is built for CUDA {keep} but CUDA {other} package(s) are "
+        f"installed next to it: {listing}",
+        fix + _fix_note(torch_version, bool(own), bool(remove), bool(replace)),
+    )
+
+
+def _fix_note(torch_version: str | None, pins_read: bool, remove: bool, replace: bool) -> str:
+    if not remove:
+        return ""
+    if not pins_read:
+        return f" (packages of another CUDA major; torch {torch_version}'s Requires-Dist was not read)"
+    put_back = "; torch's own wheels are reinstalled at its pins" if replace else ""
+    return f" (removes only what torch {torch_version} does not depend on{put_back})"
+
+
+def _required_by(facts: dict, names: set[str]) -> dict[str, list[str]]:
+    """{stray: [installed packages whose Requires-Dist names it]}, where the facts say."""
+    found: dict[str, list[str]] = {}
+    for owner, lines in sorted((facts.get("requires") or {}).items()):
+        for name in _requirement_specs(lines or [], extras=set()):
+            if name in names and owner != name:
+                found.setdefault(name, []).append(owner)
+    return found
 
 
 _PROBE_PACKAGE = {
@@ -520,11 +672,17 @@ def check_probe(facts: dict, module: str) -> Verdict:
     torch_version = (facts.get("torch") or {}).get("version")
     if kind == "undefined_symbol":
         symbol = re.search(r"undefined symbol: (\S+)", error)
-        pair = " ".join(f"'{n}=={pins[n]}'" for n in ("torch", dist) if n in pins)
+        # Reinstall only what differs from sglang's pins (the kernel, as a rule): reinstalling
+        # a torch that already matches would fetch gigabytes and fix nothing. --no-deps keeps
+        # pip from pulling another torch in with the kernel.
+        pinned = [n for n in ("torch", dist) if n in pins]
+        wrong = [n for n in pinned if base_version(packages.get(n)) != base_version(pins[n])]
+        chosen = wrong or [n for n in pinned if n == dist]
         fix = (
-            f"{_pip(facts)} --force-reinstall {pair}  (the pair sglang "
-            f"{packages.get('sglang', '')} pins)"
-            if pair
+            f"{_pip(facts)} --force-reinstall --no-deps "
+            + " ".join(f"'{n}=={pins[n]}'" for n in chosen)
+            + f"  (what sglang {packages.get('sglang', '')} pins)"
+            if chosen
             else f"reinstall {dist} built for torch {torch_version}"
         )
         return failed(

@@ -16,6 +16,7 @@ from ddtree_cli import abi
 from ddtree_cli.abi import SnapshotABI
 from ddtree_cli.checkpoints import check_draft_layers
 from ddtree_cli.errors import DdtreeError
+from ddtree_cli.remote import facts as host_facts
 from ddtree_cli.verdict import Status, Verdict, failed, passed, skipped, warned
 
 GIB = 1024**3
@@ -293,6 +294,18 @@ def check_ports(facts: dict, unit: str | None) -> list[Verdict]:
                     "run doctor as root to see the owner",
                 )
             )
+        elif _is_sglang_server(entry) and unit:
+            # A live server someone started: name it, never kill it.
+            verdicts.append(
+                failed(
+                    check_id,
+                    f"port {port} is held by a live SGLang server outside {unit}: {owners}",
+                    f"stop that server if it is not meant to run, or serve {unit} on another "
+                    "--port",
+                )
+            )
+        elif _is_sglang_server(entry):
+            verdicts.append(passed(check_id, f"port {port} is served by SGLang ({owners})"))
         elif unit:
             verdicts.append(
                 failed(
@@ -312,29 +325,126 @@ def check_ports(facts: dict, unit: str | None) -> list[Verdict]:
     return verdicts
 
 
-def check_leftover_processes(facts: dict, unit: str | None) -> Verdict:
-    processes = facts.get("processes") or []
-    unit_full = _unit_name(unit) if unit else None
-    strays = [p for p in processes if not (unit_full and _unit_pids_in(p.get("cgroup"), unit_full))]
-    if not strays:
-        inside = len(processes) - len(strays)
-        return passed(
-            "gpu.leftovers",
-            "no stray sglang:: processes" + (f" ({inside} inside {unit})" if inside else ""),
+_LIVE_UNIT_STATES = ("active", "activating", "reloading", "deactivating")
+
+
+def _server_root(process: dict, by_pid: dict[int, dict]) -> dict:
+    """The top sglang:: process of a server's tree (a scheduler under a DP controller is
+    judged with the controller)."""
+    seen = set()
+    while process.get("parent_is_sglang") and process.get("ppid") in by_pid:
+        if process["pid"] in seen:
+            break
+        seen.add(process["pid"])
+        process = by_pid[process["ppid"]]
+    return process
+
+
+def leftover_reason(root: dict) -> str | None:
+    """Why the server tree under ``root`` is left over, or None while a live launcher (in
+    a live unit, if any) owns it."""
+    if "ppid" not in root:
+        return None  # facts from a collector that did not read parents: see the caller
+    if not root.get("parent_is_launcher"):
+        return (
+            f"its launcher is gone (re-parented to pid {root.get('ppid')}: "
+            f"{(root.get('parent_cmdline') or '?')[:50]})"
         )
+    own_unit = root.get("unit") or ""
+    state = root.get("unit_active_state")
+    if own_unit.endswith(".service") and state and state not in _LIVE_UNIT_STATES:
+        return f"its unit {own_unit} is {state}"
+    return None
+
+
+def _is_sglang_server(port_entry: dict) -> bool:
+    return any(
+        re.search(host_facts.LAUNCHER_PATTERN, cmd or "")
+        for cmd in port_entry.get("processes") or []
+    )
+
+
+def check_leftover_processes(facts: dict, unit: str | None) -> Verdict:
+    """sglang:: processes left behind by a server that is gone, told apart from the children
+    of live servers (started by hand or by a unit), which are never to be killed."""
+    processes = facts.get("processes") or []
+    if not processes:
+        return passed("gpu.leftovers", "no sglang:: processes")
+    unit_full = _unit_name(unit) if unit else None
+    props = (facts.get("systemd") or {}).get("properties") or {}
+    unit_running = bool(unit) and props.get("ActiveState") == "active"
+    by_pid = {p["pid"]: p for p in processes}
+    strays, owned = [], {}
+    for process in processes:
+        root = _server_root(process, by_pid)
+        reason = leftover_reason(root)
+        if reason:
+            strays.append((process, root, reason))
+        else:
+            owned.setdefault(root.get("ppid"), []).append((process, root))
+    if strays:
+        return _leftovers_verdict(facts, strays)
+    if any("ppid" not in p for p in processes):
+        pids = " ".join(str(p["pid"]) for p in processes)
+        return warned(
+            "gpu.leftovers",
+            f"{len(processes)} sglang:: process(es) (pid {pids}); these facts do not say "
+            "whether their launcher still runs",
+            f"ps -o pid,ppid,cmd -p {pids} shows their parents; a parent that is "
+            "python -m sglang.launch_server or sglang serve is a live server",
+        )
+    servers, beside = [], []
+    for launcher, members in sorted(owned.items(), key=lambda item: str(item[0])):
+        root = members[0][1]
+        where = f" in {root['unit']}" if (root.get("unit") or "").endswith(".service") else ""
+        label = f"launcher pid {launcher}{where} ({(root.get('parent_cmdline') or '?')[:60]})"
+        servers.append(f"{len(members)} under {label}")
+        if unit_running and not any(_unit_pids_in(p.get("cgroup"), unit_full) for p, _ in members):
+            beside.append(label)
+    summary = f"{len(processes)} sglang:: process(es) of {len(owned)} live server(s): " + (
+        "; ".join(servers)
+    )
+    if beside:
+        return warned(
+            "gpu.leftovers",
+            f"a server outside {unit_full} runs while {unit_full} runs, sharing its GPUs: "
+            + "; ".join(beside),
+            "if it is not meant to run beside the service, stop that server (its launcher "
+            "stops its children); it is live, not a leftover",
+        )
+    return passed("gpu.leftovers", "no leftovers: " + summary)
+
+
+def _leftovers_verdict(facts: dict, strays: list) -> Verdict:
     gpu_mib = {
         app.get("pid"): app.get("used_memory_mib") or 0
         for app in (facts.get("nvidia_smi") or {}).get("compute_apps") or []
     }
-    held = sum(gpu_mib.get(p["pid"], 0) for p in strays)
-    names = ", ".join(f"pid {p['pid']} {p.get('name') or p['cmdline'][:40]}" for p in strays[:4])
-    pids = " ".join(str(p["pid"]) for p in strays)
+    held = sum(gpu_mib.get(p["pid"], 0) for p, _, _ in strays)
+    names = ", ".join(
+        f"pid {p['pid']} {p.get('name') or p['cmdline'][:40]}: {reason}"
+        for p, _, reason in strays[:4]
+    )
+    orphans = [p["pid"] for p, root, _ in strays if not root.get("parent_is_launcher")]
+    launchers = sorted(
+        {root["ppid"] for _, root, _ in strays if root.get("parent_is_launcher")}
+    )
+    fixes = []
+    if orphans:
+        fixes.append(
+            f"kill {' '.join(map(str, orphans))} (scheduler children outlive their launcher; "
+            "KillMode=control-group in the unit prevents this)"
+        )
+    if launchers:
+        fixes.append(
+            f"stop the server{'s' if len(launchers) > 1 else ''} left in a stopped unit: kill "
+            f"{' '.join(map(str, launchers))} (its launcher; SGLang stops its children)"
+        )
     return failed(
         "gpu.leftovers",
-        f"{len(strays)} sglang:: process(es) outside "
-        f"{unit or 'any unit'} ({names}){f', holding {held} MiB of GPU memory' if held else ''}",
-        f"kill {pids} (scheduler children outlive their parent; KillMode=control-group in "
-        "the unit prevents this)",
+        f"{len(strays)} leftover sglang:: process(es) ({names})"
+        + (f", holding {held} MiB of GPU memory" if held else ""),
+        "; ".join(fixes),
     )
 
 

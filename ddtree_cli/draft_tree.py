@@ -242,7 +242,8 @@ def shard_topk(local_logits: Tensor, k: int, vocab_start: int) -> tuple[Tensor, 
     ``local_logits [b, L, V_local]`` holds vocabulary ids ``vocab_start ...``. Returns
     ``(values [b, L, k'] float32 raw logits, ids [b, L, k'] global int64, lse [b, L] float32)``
     with ``k' = min(k, V_local)``: ``2 k' + 1`` numbers per row to all-gather instead of the
-    whole vocabulary.
+    whole vocabulary. An all-gather needs the same ``k'`` on every rank, so every shard must
+    hold at least ``k`` ids (true of real vocabularies: tens of thousands of ids per rank).
     """
     kk = max(0, min(int(k), local_logits.shape[-1]))
     values, ids = torch.topk(local_logits, kk, dim=-1, largest=True, sorted=True)
@@ -267,9 +268,16 @@ def merge_shard_topk(
 
     Returns:
         ``(logprobs [b, L, k'] float32, ids [b, L, k'] int64)``, ``k' = min(k, S * k_s)``,
-        rows sorted descending: the same as :func:`topk_logprobs` on the full vocabulary
-        (up to rounding of the log-sum-exp and the order of equal logits), because the
-        global top-K is contained in the union of the shards' top-K.
+        rows sorted descending: the same as :func:`topk_logprobs` on the full vocabulary,
+        because the global top-K is contained in the union of the shards' top-K.
+
+    "The same" means: the same log-probabilities place by place (up to the rounding of the
+    log-sum-exp), the same logit behind the id in every place, and every id whose logit is
+    above the K-th largest in both. Among equal logits neither path promises an order
+    (``torch.topk`` does not; the fused kernels order them another way), so tied ids may come
+    in another order and, at the K-th value, be other ids of that value; the trees built from
+    them have the same shape and scores. Every tensor-parallel rank merges the same gathered
+    tensors the same way, so all ranks get the same ids.
     """
     values = _stack_last(shard_values).float()
     ids = _stack_last(shard_ids).to(torch.int64)

@@ -16,7 +16,8 @@ Steps (each cached or skipped when its output exists):
    budget is free of the block size, so ``draft-b16`` serves budgets 8 to 64, the others
    give each budget a draft of block budget + 1 to compare with), and the trained pair
    when ``--trained`` is given;
-4. the ``ddtree_cli`` package and ``run.py`` (the bench client runs from the bundle), and
+4. the ``ddtree_cli`` package, ``run.py`` and ``units.py`` (the bench client and deploy's unit
+   rendering run from the bundle), and
    ``prompts/heldout.jsonl``: byte-token prompts cut from the stdlib files the trained pair
    never saw (its held-out split), for the trained pair's ``agree`` and ``bench`` steps;
 5. one gzipped tar of all that, split into pieces of at most ``--piece-mib`` MiB (default 36:
@@ -55,6 +56,11 @@ PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x
              "manylinux_2_26_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")  # fmt: skip
 MIB = 1 << 20
+# --broken-kernel: a kernel built for another torch than 2.11 (sgl-project/sglang issue 36462:
+# 0.4.6.post1 next to torch 2.11 fails at import with an undefined symbol), for
+# doctor_states.sh's "broken" state. Slimmed like --slim-kernel (its sm90 common_ops, where
+# the symbol is missing, stays).
+BROKEN_KERNEL_PIN = "sglang-kernel==0.4.6.post1"
 
 
 def read_pins(path: Path = HERE / "wheels-cp312.txt") -> list[str]:
@@ -221,7 +227,7 @@ def heldout_prompts(count: int, length: int, root: Path | None = None) -> list[l
 
 
 def build_tar(tar_path: Path, wheels: list[Path], snapshot: Path, ckpts: list[Path],
-              prompt_file: Path | None = None) -> None:  # fmt: skip
+              prompt_file: Path | None = None, extra: list[Path] = ()) -> None:  # fmt: skip
     def clean(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         if "__pycache__" in info.name or info.name.endswith(".pyc"):
             return None
@@ -238,8 +244,11 @@ def build_tar(tar_path: Path, wheels: list[Path], snapshot: Path, ckpts: list[Pa
             tar.add(ckpt, f"ckpt/{ckpt.name.removesuffix('-smoke')}", filter=clean)
         tar.add(REPO / "ddtree_cli", "client/ddtree_cli", filter=clean)
         tar.add(HERE / "run.py", "run.py", filter=clean)
+        tar.add(HERE / "units.py", "units.py", filter=clean)
         if prompt_file is not None:
             tar.add(prompt_file, f"prompts/{prompt_file.name}", filter=clean)
+        for wheel in extra:  # not installed by run.py install; doctor_states.sh uses them
+            tar.add(wheel, f"extra/{wheel.name}", filter=clean)
 
 
 def split(tar_path: Path, out: Path, piece_mib: int) -> dict:
@@ -270,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slim-kernel", action="store_true",
                    help="sgl_kernel without FA3/FlashMLA/sm100 binaries (enough for the triton "
                    "attention backend on sm90), everything else as in the full bundle")  # fmt: skip
+    p.add_argument("--broken-kernel", action="store_true",
+                   help=f"also carry {BROKEN_KERNEL_PIN} (slimmed) under extra/ for "
+                   "doctor_states.sh's broken state")  # fmt: skip
     args = p.parse_args(argv)
     if not (REPO / "ddtree_cli" / "bench").is_dir():
         print("warning: this checkout has no ddtree_cli/bench; `run.py bench` needs a bundle "
@@ -299,8 +311,13 @@ def main(argv: list[str] | None = None) -> int:
         rows = heldout_prompts(200, 64)
         prompt_file.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows))
         print(f"prompts: {len(rows)} held-out windows of 64 tokens")
+    extra = []
+    if args.broken_kernel:
+        extra = [slim_wheel(w, work / "slim-extra")
+                 for w in download_wheels([BROKEN_KERNEL_PIN], args.wheels)]  # fmt: skip
+        print("extra: " + ", ".join(w.name for w in extra))
     tar_path = work / "bundle.tgz"
-    build_tar(tar_path, wheels, snapshot, ckpts, prompt_file)
+    build_tar(tar_path, wheels, snapshot, ckpts, prompt_file, extra)
     manifest = split(tar_path, pieces_dir, args.piece_mib)
     manifest["contents"] = {
         "sglang": SGLANG_VERSION,
@@ -308,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "slim_kernel": args.smoke or args.slim_kernel,
         "wheels": [w.name for w in wheels],
         "checkpoints": [c.name for c in ckpts],
+        "extra": [w.name for w in extra],
     }
     (pieces_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     os.unlink(tar_path)

@@ -18,8 +18,17 @@ their own session and outlive the call that started them.
                                                /start_profile), trace + a per-op summary
     python3 run.py stop ARM|all
     python3 run.py logs DEST                   copy server logs to DEST
+    python3 run.py units --config C --inventory I --output units.json
+                                               the units `ddtree deploy` renders (router,
+                                               multi-node), with their commands (units.py)
+    python3 run.py start-units units.json [--only NAME...]
+                                               start their ExecStart lines directly (there is
+                                               no systemd here); waits for /health
+    python3 run.py stop-units [NAME...]
 
-ARM is plain, dflash or ddtree. Every server gets the same flags except the algorithm.
+ARM is plain, dflash or ddtree. Every server gets the same flags except the algorithm;
+``serve --tp N`` adds ``--tp-size N`` (give every arm of a comparison the same N). Every
+server's environment has NVLink multicast off (``MULTICAST_OFF``), whatever the caller's says.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import hashlib
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -44,6 +54,9 @@ from pathlib import Path
 _BASE = int(os.environ.get("DDTREE_H200_PORT_BASE", "30000"))
 PORTS = {"plain": _BASE, "dflash": _BASE + 1, "ddtree": _BASE + 2}
 ALGORITHMS = {"plain": None, "dflash": "DFLASH", "ddtree": "DDTREE"}
+# Forced into every server's environment: NVLink multicast stays off on the lent machines.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1"}  # fmt: skip
 REFUSALS = {  # flags that must be refused, and the text the refusal must contain
     "page_size_4": (["--page-size", "4"], "DDTREE requires --page-size 1"),
     "fa3": (["--attention-backend", "fa3"], "DDTREE requires --attention-backend triton"),
@@ -149,9 +162,8 @@ def server_env(state: Path) -> dict[str, str]:
     path = [str(state / "bundle" / "snapshot"), str(state / "site")]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(path + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    for key, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                       ("NVSHMEM_DISABLE_NVLS", "1"), ("PYTHONUNBUFFERED", "1")):  # fmt: skip
-        env.setdefault(key, value)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(MULTICAST_OFF)
     return env
 
 
@@ -180,6 +192,18 @@ def server_cmd(state: Path, arm: str, ckpt: str, block: int | None, budget: int 
     if arm == "ddtree" and budget is not None:
         cmd += ["--speculative-ddtree-budget", str(budget)]
     return cmd + extra
+
+
+def tp_flags(tp: int) -> list[str]:
+    """``serve --tp N``: SGLang's ``--tp-size``; one GPU needs no flag."""
+    if tp < 1:
+        raise SystemExit(f"--tp must be at least 1, got {tp}")
+    return [] if tp == 1 else ["--tp-size", str(tp)]
+
+
+def tp_tag(tag: str, tp: int) -> str:
+    """A TP-N server logs apart from the one-GPU server of the same checkpoint and budget."""
+    return tag if tp == 1 else f"{tag}-tp{tp}"
 
 
 def log_tag(ckpt: str, block: int | None, budget: int | None) -> str:
@@ -219,8 +243,9 @@ def cmd_serve(args) -> int:
     logs.mkdir(exist_ok=True)
     port = PORTS[args.arm]
     cmd = server_cmd(state, args.arm, args.ckpt, args.block, args.budget, port,
-                     args.mem_fraction, args.max_bs, args.extra)  # fmt: skip
-    tag = log_tag(args.ckpt, args.block, args.budget if args.arm == "ddtree" else None)
+                     args.mem_fraction, args.max_bs, args.extra + tp_flags(args.tp))  # fmt: skip
+    tag = tp_tag(log_tag(args.ckpt, args.block, args.budget if args.arm == "ddtree" else None),
+                 args.tp)  # fmt: skip
     log = logs / f"{args.arm}-{tag}.log"
     with log.open("w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
@@ -251,19 +276,147 @@ def cmd_serve(args) -> int:
 def cmd_stop(args) -> int:
     state = state_dir(args)
     for arm in PORTS if args.arm == "all" else [args.arm]:
-        pidfile = state / f"{arm}.pid"
-        if not pidfile.is_file():
-            continue
-        pid = int(pidfile.read_text())
-        try:
-            os.killpg(pid, signal.SIGTERM)  # the server's own session: it and its workers
-            for _ in range(30):
-                time.sleep(1)
-                os.killpg(pid, 0)
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        pidfile.unlink()
+        stop_session(state / f"{arm}.pid")
+    return 0
+
+
+def stop_session(pidfile: Path) -> None:
+    """End the session a server was started in (it and its workers), then its pidfile."""
+    if not pidfile.is_file():
+        return
+    pid = int(pidfile.read_text())
+    try:
+        os.killpg(pid, signal.SIGTERM)
+        for _ in range(30):
+            time.sleep(1)
+            os.killpg(pid, 0)
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    pidfile.unlink()
+
+
+# --- deploy's units, started by hand -----------------------------------------------------
+
+
+def units_script(state: Path) -> Path:
+    for path in (Path(__file__).with_name("units.py"), state / "bundle" / "units.py"):
+        if path.is_file():
+            return path
+    raise SystemExit("units.py is neither next to run.py nor in the bundle")
+
+
+def cmd_units(args) -> int:
+    """Render deploy's units (units.py, with the bundle's ddtree_cli) for this machine."""
+    state = state_dir(args)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([args.client or str(state / "bundle" / "client"),
+                                         str(state / "site")])  # fmt: skip
+    cmd = [sys.executable, str(units_script(state)), "--config", args.config,
+           "--inventory", args.inventory, "--out", args.output,
+           "--python", args.python or sys.executable]  # fmt: skip
+    cmd += ["--group", args.group] if args.group else []
+    cmd += ["--algo", args.algo] if args.algo else []
+    return subprocess.run(cmd, env=env).returncode
+
+
+def unit_env(state: Path, unit: dict) -> dict[str, str]:
+    """The servers' environment with the unit's settings on top (its PYTHONPATH first, as
+    the unit's release shadows everything), NVLink multicast forced off again."""
+    env = server_env(state)
+    for key, value in unit["env"].items():
+        env[key] = (
+            os.pathsep.join([value, env[key]]) if key == "PYTHONPATH" and env.get(key) else value
+        )
+    env.update(MULTICAST_OFF)
+    return env
+
+
+def units_refusal(unit: dict) -> str | None:
+    """Why a unit cannot be started by hand here, or None."""
+    if unit["environment_file"]:
+        return (
+            f"{unit['name']}: reads secrets from {unit['environment_file']}; run by hand "
+            "without server.secret_env"
+        )
+    workdir = unit["working_directory"]
+    if workdir and not Path(workdir).is_dir():
+        return (
+            f"{unit['name']}: working directory {workdir} does not exist (link a release "
+            f"there: ln -sfn <release> {workdir})"
+        )
+    return None
+
+
+def cmd_start_units(args) -> int:
+    """Start the chosen units' ExecStart lines in their own sessions, in the file's order
+    (multi-node rank 0 first), then wait until every unit with a health URL answers 200."""
+    state = state_dir(args)
+    units = json.loads(Path(args.units).read_text())["units"]
+    names = [u["name"] for u in units]
+    unknown = sorted(set(args.only) - set(names))
+    if unknown:
+        print(f"no unit {', '.join(unknown)} in {args.units} (it has {', '.join(names)})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    chosen = [u for u in units if not args.only or u["name"] in args.only]
+    refusals = [r for r in map(units_refusal, chosen) if r]
+    if refusals:
+        print("\n".join(refusals), file=sys.stderr)
+        return 2
+    logs = state / "logs"
+    logs.mkdir(exist_ok=True)
+    started = []
+    for unit in chosen:
+        log = logs / f"unit-{unit['name']}.log"
+        with log.open("w") as f:
+            f.write("$ " + shlex.join(unit["argv"]) + "\n")
+            f.flush()
+            proc = subprocess.Popen(unit["argv"], cwd=unit["working_directory"],
+                                    env=unit_env(state, unit), stdout=f,
+                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        (state / f"unit-{unit['name']}.pid").write_text(str(proc.pid))
+        started.append((unit, proc, log))
+    return wait_healthy(started, args.wait)
+
+
+def healthy(url: str) -> bool:
+    try:
+        return http(url, timeout=5)[0] == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_healthy(started: list, wait: float) -> int:
+    start = time.monotonic()
+    pending = {u["name"]: u["health_url"] for u, _, _ in started if u["health_url"]}
+    ready: dict[str, float] = {}
+    while True:
+        for unit, proc, log in started:
+            if proc.poll() is not None:
+                print(log.read_text()[-6000:])
+                print(f"{unit['name']}: exited with {proc.returncode}", file=sys.stderr)
+                return 1
+        for name, url in list(pending.items()):
+            if healthy(url):
+                ready[name] = round(time.monotonic() - start, 1)
+                del pending[name]
+        if not pending:
+            print(json.dumps({u["name"]: {"pid": p.pid, "healthy_after_s": ready.get(u["name"]),
+                                          "log": str(log)} for u, p, log in started}))  # fmt: skip
+            return 0
+        if time.monotonic() - start > wait:
+            print(f"not healthy after {wait} s (left running): {', '.join(pending)}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        time.sleep(1)
+
+
+def cmd_stop_units(args) -> int:
+    state = state_dir(args)
+    pidfiles = [state / f"unit-{n}.pid" for n in args.names] or sorted(state.glob("unit-*.pid"))
+    for pidfile in pidfiles:
+        stop_session(pidfile)
     return 0
 
 
@@ -448,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--wait", type=float, default=540)
     s.add_argument("--mem-fraction", type=float, default=0.2)
     s.add_argument("--max-bs", type=int, default=8)
+    s.add_argument("--tp", type=int, default=1, help="tensor-parallel size (SGLang --tp-size)")
     s.add_argument("extra", nargs="*", help="more launch_server flags, after --")
     s = sub.add_parser("generate")
     s.add_argument("arm", choices=sorted(PORTS))
@@ -488,8 +642,22 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("arm", choices=[*sorted(PORTS), "all"])
     s = sub.add_parser("logs")
     s.add_argument("dest")
+    s = sub.add_parser("units")
+    s.add_argument("--config", required=True, help="a ddtree deploy config (router/multinode)")
+    s.add_argument("--inventory", required=True, help="its hosts, in rank order")
+    s.add_argument("--group")
+    s.add_argument("--algo", choices=["dflash", "ddtree"])
+    s.add_argument("--python", help="the units' interpreter (default: this python3)")
+    s.add_argument("--client", help="folder holding ddtree_cli (default: the bundle's)")
+    s.add_argument("--output", default="units.json")
+    s = sub.add_parser("start-units")
+    s.add_argument("units", help="units.json from `units`")
+    s.add_argument("--only", nargs="*", default=[], help="unit names (default: all)")
+    s.add_argument("--wait", type=float, default=540)
+    s = sub.add_parser("stop-units")
+    s.add_argument("names", nargs="*", help="unit names (default: every started unit)")
     args = p.parse_args(argv)
-    return globals()[f"cmd_{args.command}"](args)
+    return globals()[f"cmd_{args.command.replace('-', '_')}"](args)
 
 
 if __name__ == "__main__":

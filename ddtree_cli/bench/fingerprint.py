@@ -18,9 +18,19 @@ VOLATILE_KEYS = frozenset(
         "nccl_port", "dist_init_addr", "metrics_http_port", "uptime_s", "url",
     }
 )
-# What legitimately differs between the arms of an algorithm A/B.
+# What legitimately differs between the arms of an algorithm A/B: the algorithm, and DDTREE's
+# own settings (speculative_ddtree_budget, speculative_ddtree_allow_hybrid, ...).
 ALGORITHM_KEYS = frozenset({"speculative_algorithm", "algo", "algorithm"})
 ALGORITHM_MARKERS = ("ddtree",)
+# The two widths SGLang reports mean different things per algorithm (patched SGLang 0.5.13 on
+# an H200, 2026-12-01, from identical flags but the algorithm): DFLASH drafts and verifies
+# one block, reported as speculative_num_draft_tokens=16 with speculative_dflash_block_size
+# null; DDTREE keeps the drafter's block in speculative_dflash_block_size=16 and verifies the
+# root plus its budget, speculative_num_draft_tokens=65 for budget 64. So the fingerprint
+# compares the drafter's block under one key, DRAFTER_BLOCK_KEY, instead of the raw widths;
+# DDTREE's verify width follows from its budget, an algorithm setting.
+WIDTH_KEYS = ("speculative_num_draft_tokens", "speculative_dflash_block_size")
+DRAFTER_BLOCK_KEY = "drafter_block_size"
 # Outcomes of the algorithm rather than settings: SGLang sizes its KV pool from the memory left
 # after the weights, the draft model and the algorithm's own buffers, so a DDTREE server gets
 # a smaller pool than a DFLASH one from identical flags (seen on an H200: 5,188,790 vs
@@ -39,10 +49,27 @@ class Difference:
 
 
 def fingerprint(server_info: dict[str, Any]) -> dict[str, Any]:
-    """Flatten ``/server_info`` into comparable dotted keys."""
+    """Flatten ``/server_info`` into comparable dotted keys, the speculative widths replaced
+    by the drafter's block (see :data:`WIDTH_KEYS`) for DFLASH and DDTREE servers."""
     flat: dict[str, Any] = {}
     _flatten(server_info, "", flat)
+    algorithm = (algorithm_of(server_info) or "").upper()
+    if algorithm in ("DFLASH", "DDTREE"):
+        for key in WIDTH_KEYS:
+            flat.pop(key, None)
+        flat[DRAFTER_BLOCK_KEY] = drafter_block(server_info)
     return flat
+
+
+def drafter_block(server_info: dict[str, Any]) -> int | None:
+    """The block the DFlash drafter drafts per round; None where the server does not say
+    (a DDTREE server patched before it reported speculative_dflash_block_size)."""
+    algorithm = (algorithm_of(server_info) or "").upper()
+    if algorithm == "DDTREE":
+        return server_info.get("speculative_dflash_block_size")
+    if algorithm == "DFLASH":
+        return server_info.get("speculative_num_draft_tokens")
+    return None
 
 
 def _flatten(obj: Any, prefix: str, out: dict[str, Any]) -> None:
@@ -57,7 +84,7 @@ def _flatten(obj: Any, prefix: str, out: dict[str, Any]) -> None:
 
 def is_algorithm_key(key: str) -> bool:
     leaf = key.rsplit(".", 1)[-1]
-    if leaf in ALGORITHM_KEYS or leaf in DERIVED_KEYS:
+    if leaf.startswith("speculative_ddtree_") or leaf in ALGORITHM_KEYS or leaf in DERIVED_KEYS:
         return True
     return any(m in leaf.lower() for m in ALGORITHM_MARKERS)
 

@@ -30,7 +30,8 @@ from ddtree_cli.bench.workloads import Prompt, load_workload
 from ddtree_cli.errors import ConfigError, DdtreeError, ExitCode
 
 PROMPTS_PER_SLOT = 5  # the steady-state guard: prompts >= 5 x concurrency
-UNREACHABLE_AFTER_S = 5.0  # no HTTP answer at all for this long: a wrong URL, not a slow start
+UNREACHABLE_AFTER_S = 5.0  # connection refused for this long: a wrong URL, not a slow start
+ANSWER_TIMEOUT_S = 10.0  # one GET of /health or /server_info
 
 
 @dataclass
@@ -352,29 +353,47 @@ async def _one_pass(
 
 
 async def _ready_info(arm: str, ep: Endpoint, timeout: float) -> dict[str, Any]:
-    """Wait for /health, then return /server_info (or /get_server_info on older servers)."""
+    """Wait for /health, then return /server_info (or /get_server_info on older servers).
+
+    A refused connection for UNREACHABLE_AFTER_S is a wrong URL; a server that answers (503
+    while starting) or accepts the connection and stays silent (busy starting) is waited for
+    up to ``timeout`` (--server-timeout)."""
     start = time.monotonic()
-    answered = False  # a server that answers (503 while starting) is waited for
+    answered = silent = False
     last = ""
     while True:
+        ask = max(0.5, min(ANSWER_TIMEOUT_S, timeout - (time.monotonic() - start)))
         try:
-            status, body = await ep.get_json("/health", timeout=10.0)
+            status, body = await ep.get_json("/health", timeout=ask)
             answered = True
             if status == 200:
                 break
             last = f"/health answered {status}"
-        except (OSError, asyncio.TimeoutError, HttpError) as exc:
-            last = str(exc)
+        except (TimeoutError, asyncio.TimeoutError):  # first: an OSError since Python 3.11
+            silent = True
+            last = f"it accepted the connection but sent no answer to GET /health within {ask:g} s"
+        except (OSError, HttpError) as exc:
+            last = str(exc) or type(exc).__name__
         waited = time.monotonic() - start
-        if waited > timeout or (not answered and waited > UNREACHABLE_AFTER_S):
+        if waited > timeout or (not (answered or silent) and waited > UNREACHABLE_AFTER_S):
+            there = answered or silent
             raise DdtreeError(
-                f"arm '{arm}' at {ep.url} is not {'healthy' if answered else 'reachable'}: {last}",
-                hint="check the URL and that the server is running"
-                if not answered else "raise --server-timeout if it is still starting",
+                f"arm '{arm}' at {ep.url} is not {'healthy' if there else 'reachable'} after "
+                f"{waited:.0f} s: {last}",
+                hint=f"if it is still starting, wait longer with --server-timeout (now "
+                f"{timeout:g} s); otherwise check the server's log"
+                if there else "check the URL and that the server is running",
             )
         await asyncio.sleep(0.5)
     for path in ("/server_info", "/get_server_info"):
-        status, body = await ep.get_json(path)
+        try:
+            status, body = await ep.get_json(path, timeout=ANSWER_TIMEOUT_S)
+        except (TimeoutError, asyncio.TimeoutError):
+            raise DdtreeError(
+                f"arm '{arm}' at {ep.url} sent no answer to GET {path} within "
+                f"{ANSWER_TIMEOUT_S:g} s (its /health answered 200)",
+                hint="check the server's log; a server busy with other clients answers late",
+            ) from None
         if status == 200 and isinstance(body, dict):
             return body
     raise DdtreeError(f"arm '{arm}' at {ep.url} has no /server_info (got HTTP {status})")

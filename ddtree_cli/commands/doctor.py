@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -144,6 +145,15 @@ def doctor_command(
             "(default: the unit's --speculative-draft-model-path).",
         ),  # fmt: skip
     ] = None,
+    save_facts: Annotated[
+        Path | None,
+        typer.Option(
+            "--save-facts",
+            hidden=True,
+            help="Also write the collected facts, {host: facts}, as JSON to this file (for "
+            "fixtures and bug reports).",
+        ),  # fmt: skip
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Pass / warn / fail verdicts with fixes for serving SGLang + DDTree, here or over SSH."""
@@ -186,6 +196,9 @@ def doctor_command(
         if result.error is not None and not json_out:
             err_console.print(f"[red]{escape(result.host)}:[/] {escape(str(result.error))}")
     report = doctor.build_report(results, options, local_health)
+    if save_facts is not None:
+        facts_by_host = {r.host: r.facts for r in results if r.facts is not None}
+        save_facts.write_text(json.dumps(facts_by_host, indent=1, sort_keys=True) + "\n")
     if json_out:
         emit_json(report.to_json())
     else:

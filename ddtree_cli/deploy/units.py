@@ -1,4 +1,5 @@
-"""systemd units for a deployment, rendered from the config (pure: no SSH, no I/O).
+"""systemd units for a deployment, rendered from the config and read back (pure: no SSH,
+no I/O).
 
 The unit follows what works for GPU inference servers: ``Type=exec`` (SGLang sends no
 sd_notify), a long ``TimeoutStartSec`` (weights, CUDA graphs and JIT take minutes),
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass
 
 from ddtree_cli.deploy.config import DeployConfig, RouterConfig
@@ -173,3 +175,54 @@ def render_router_unit(cfg: DeployConfig, router: RouterConfig, worker_urls: lis
 def router_unit_name(cfg: DeployConfig) -> str:
     return f"{cfg.name}-router.service"
 
+
+@dataclass(frozen=True)
+class UnitCommand:
+    """What a rendered unit runs: enough to start it by hand where there is no systemd."""
+
+    argv: list[str]
+    env: dict[str, str]
+    working_directory: str | None
+    environment_file: str | None
+
+
+def read_unit(text: str) -> UnitCommand:
+    """The command line, environment and working directory of a unit this module rendered.
+
+    The inverse of the rendering's quoting (double quotes with backslash escapes, ``%%`` and
+    ``$$``); a unit using systemd's own expansions (``%h``, ``$VAR``) is refused, because
+    starting it by hand would run something else than systemd would.
+    """
+    argv: list[str] | None = None
+    env: dict[str, str] = {}
+    workdir = env_file = None
+    for line in text.split("\n"):  # systemd's lines; str.splitlines also splits at \x1c...
+        key, sep, value = line.partition("=")
+        if not sep or line.startswith(("#", ";", "[")):
+            continue
+        if key == "ExecStart":
+            if argv is not None:
+                raise ConfigError("the unit has more than one ExecStart line")
+            argv = _unquote_words(value)
+        elif key == "Environment":
+            for assignment in _unquote_words(value):
+                name, _, setting = assignment.partition("=")
+                env[name] = setting
+        elif key == "WorkingDirectory":
+            workdir = value
+        elif key == "EnvironmentFile":
+            env_file = value
+    if not argv:
+        raise ConfigError("the unit has no ExecStart line")
+    return UnitCommand(argv=argv, env=env, working_directory=workdir, environment_file=env_file)
+
+
+def _unquote_words(value: str) -> list[str]:
+    words = []
+    for word in shlex.split(value):
+        for char in "%$":
+            if char in word.replace(char * 2, ""):
+                raise ConfigError(f"unit word {word!r} uses a systemd {char} expansion; only "
+                                  f"the commands ddtree deploy renders can be started by hand")
+        words.append(word.replace("%%", "%").replace("$$", "$"))
+    return words

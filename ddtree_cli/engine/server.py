@@ -162,6 +162,24 @@ class EngineServer:
     def served_model_name(self) -> str:
         return model_label(self.opts.model)
 
+    def _speculative_widths(self) -> dict[str, Any]:
+        """The widths as (patched) SGLang 0.5.13 reports them: DFLASH resolves the drafter's
+        block into speculative_num_draft_tokens and leaves speculative_dflash_block_size null;
+        DDTREE keeps the block there and verifies the root plus its budget."""
+        algo, engine = self.opts.algo, self.engine
+        if algo == "ddtree":
+            return {
+                "speculative_num_draft_tokens": engine.budget + 1,
+                "speculative_dflash_block_size": engine.block_size,
+                "speculative_ddtree_budget": engine.budget,
+            }
+        block = engine.block_size if algo == "dflash" else None
+        return {
+            "speculative_num_draft_tokens": block,
+            "speculative_dflash_block_size": None,
+            "speculative_ddtree_budget": None,
+        }
+
     def server_info(self) -> dict[str, Any]:
         engine = self.engine
         spec = self.spec()
@@ -177,9 +195,7 @@ class EngineServer:
             "host": self.opts.host,
             "port": self.port,
             "speculative_algorithm": spec.algorithm,
-            "speculative_num_draft_tokens": spec.num_draft_tokens or None,
-            "speculative_dflash_block_size": engine.block_size if spec.algorithm else None,
-            "speculative_ddtree_budget": engine.budget if self.opts.algo == "ddtree" else None,
+            **self._speculative_widths(),
             "max_running_requests": engine.max_batch,
             "context_length": engine.context_len,
             "device": self.opts.device,

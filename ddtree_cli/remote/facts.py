@@ -20,7 +20,8 @@ Schema (``FACTS_SCHEMA`` = 1; every section is always present, absent things are
 ``python`` {executable, found, version, implementation, abi_tag ("cp312"), soabi,
 ext_suffix, gil_disabled, error},
 ``packages`` {normalised-name: version} (nvidia-*, flashinfer*, sgl-kernel, sglang*,
-torch*, triton, ...), ``requires`` {"sglang": [Requires-Dist lines]},
+torch*, triton, cuda-toolkit, ...), ``requires`` {name: [Requires-Dist lines]} for each of
+those packages (torch's and cuda-toolkit's name the exact NVIDIA wheels torch was built with),
 ``torch`` {installed, version ("2.11.0+cu130"), cuda ("13.0"), hip, cuda_available,
 arch_list (["sm_90", ...]), device_count, devices [{name, capability}], warnings, error},
 ``nvidia_smi`` {present, driver_version, cuda_version (driver's CUDA, "13.0"), gpus
@@ -37,8 +38,9 @@ server_args {whitelisted flags of ExecStart}, journal [last lines], error},
 architectures, num_hidden_layers, dflash_config {block_size, target_layer_ids,
 num_target_layers, mask_token_id}}, error}} (from ``--checkpoint`` or the unit's
 ``--model-path`` / ``--speculative-draft-model-path``; only config.json is read),
-``ports`` [{port, listening, pids, processes, cgroups}], ``processes`` [{pid, name, cmdline, cgroup}]
-(leftover ``sglang::`` processes), ``probes`` {module: {status "ok" | "missing" |
+``ports`` [{port, listening, pids, processes, cgroups}], ``processes`` [{pid, name, cmdline,
+cgroup, ppid, parent_cmdline, parent_is_launcher, parent_is_sglang, unit, unit_active_state}]
+(``sglang::`` processes, live or left over), ``probes`` {module: {status "ok" | "missing" |
 "error" | "timeout", error, error_kind}}, ``health`` {url, status, body, error} or null.
 """
 
@@ -75,7 +77,8 @@ ENV_KEYS = (
 
 PACKAGE_PATTERN = (
     r"^(nvidia-.*|flashinfer.*|sgl-kernel|sglang.*|torch|torchvision|torchaudio|triton|"
-    r"pytorch-triton|transformers|xgrammar|cuda-python|cuda-bindings|apache-tvm-ffi)$"
+    r"pytorch-triton|transformers|xgrammar|cuda-python|cuda-bindings|cuda-toolkit|"
+    r"apache-tvm-ffi)$"
 )
 
 PROBE_MODULES = ("sgl_kernel", "flashinfer", "sglang")
@@ -123,10 +126,11 @@ try:
     pattern = re.compile(sys.argv[1])
     for dist in metadata.distributions():
         name = re.sub(r"[-_.]+", "-", (dist.metadata["Name"] or "")).lower()
-        if name and pattern.match(name):
+        # distributions() walks sys.path in order: the first one found is the one imported
+        # (a --target dir on PYTHONPATH shadows site-packages); later copies are shadowed.
+        if name and pattern.match(name) and name not in pkgs:
             pkgs[name] = dist.version
-            if name == "sglang":
-                requires["sglang"] = list(dist.requires or [])
+            requires[name] = list(dist.requires or [])
 except Exception as exc:
     err = "%s: %s" % (type(exc).__name__, exc)
 print(json.dumps({"python": out, "packages": pkgs, "requires": requires, "error": err}))
@@ -266,11 +270,13 @@ def probe_one(python: str, timeout: float, name: str) -> dict:
         parsed.update(error=None, error_kind=None)
         return parsed
     kind = "timeout" if rc == 124 else "crash" if rc < 0 else classify_import_error(err)
-    return {
-        "status": "timeout" if rc == 124 else "error",
-        "error": _last_lines(err, 2) or f"exit status {rc}",
-        "error_kind": kind,
-    }
+    error = _last_lines(err, 2) or f"exit status {rc}"
+    # sgl_kernel's loader lists every attempt and ends with "No module named 'common_ops'":
+    # keep the line that names the missing symbol, which says which torch it wants.
+    symbol = [line.strip() for line in err.splitlines() if "undefined symbol" in line]
+    if kind == "undefined_symbol" and symbol and symbol[0] not in error:
+        error = symbol[0] + "\n" + error
+    return {"status": "timeout" if rc == 124 else "error", "error": error, "error_kind": kind}
 
 
 def probe_facts(python: str, timeout: float, modules=PROBE_MODULES) -> dict:
@@ -589,22 +595,77 @@ def port_facts(ports: list[int]) -> list[dict]:
                 "port": port,
                 "listening": bool(wanted[port]),
                 "pids": pids,
-                "processes": [_cmdline(pid) for pid in pids],
+                "processes": [redact(_cmdline(pid)) for pid in pids],
                 "cgroups": [_cgroup(pid) for pid in pids],
             }
         )
     return result
 
 
-def process_facts() -> list[dict]:
-    """``sglang::scheduler_*`` and friends (setproctitle names), wherever they run."""
+# Command lines that start an SGLang server and own its sglang:: children (SGLang 0.5.13:
+# ``python -m sglang.launch_server``, the ``sglang serve`` console script, the router's
+# launcher); schedulers, the detokenizer and the DP controller are retitled sglang::... by
+# setproctitle, which rewrites both /proc/PID/cmdline and /proc/PID/comm.
+LAUNCHER_PATTERN = (
+    r"(-m\s+sglang(_router)?\.launch_server\b|(^|[\s/])sglang\s+serve\b|"
+    r"sglang(_router)?/launch_server\.py\b)"
+)
+
+
+def _ppid(pid: int) -> int | None:
+    stat = _read(f"/proc/{pid}/stat")
+    fields = stat.rpartition(")")[2].split()  # the name in (...) may hold spaces
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def _is_sglang_title(pid: int) -> bool:
+    return _read(f"/proc/{pid}/comm").startswith("sglang::") or _cmdline(pid).startswith(
+        "sglang::"
+    )
+
+
+def unit_of_cgroup(cgroup: str | None) -> str | None:
+    """The systemd unit a cgroup line belongs to ("0::/system.slice/sglang.service" ->
+    "sglang.service", a login session -> "session-3.scope"); None outside any unit."""
+    path = (cgroup or "").rpartition(":")[2]
+    units = [part for part in path.split("/") if part.endswith((".service", ".scope"))]
+    return units[-1] if units else None
+
+
+def _unit_states(units: set, timeout: float) -> dict:
+    if not units or not os.path.isdir("/run/systemd/system"):
+        return {}
+    states = {}
+    for unit in sorted(units):
+        rc, out, _ = _run(["systemctl", "show", unit, "--property=ActiveState", "--value"],
+                          timeout)  # fmt: skip
+        states[unit] = out.strip() if rc == 0 else None
+    return states
+
+
+def process_facts(timeout: float = 20.0) -> list[dict]:
+    """``sglang::scheduler_*`` and friends (setproctitle names), wherever they run, each with
+    its parent (the launcher, while it lives) and the unit whose cgroup holds it."""
     found = []
     for pid in _pids():
         comm = _read(f"/proc/{pid}/comm").strip()
         cmdline = _cmdline(pid)
         if comm.startswith("sglang::") or cmdline.startswith("sglang::"):
-            name = comm if comm.startswith("sglang::") else cmdline.split(" ")[0]
-            found.append({"pid": pid, "name": name, "cmdline": cmdline, "cgroup": _cgroup(pid)})
+            # comm is cut at 15 characters ("sglang::schedul"); the retitled argv is whole.
+            name = cmdline.split(" ")[0] if cmdline.startswith("sglang::") else comm
+            ppid = _ppid(pid)
+            parent = _cmdline(ppid) if ppid else ""
+            cgroup = _cgroup(pid)
+            found.append({
+                "pid": pid, "name": name, "cmdline": cmdline, "cgroup": cgroup,
+                "ppid": ppid, "parent_cmdline": redact(parent)[:300],
+                "parent_is_launcher": bool(re.search(LAUNCHER_PATTERN, parent)),
+                "parent_is_sglang": bool(ppid) and _is_sglang_title(ppid),
+                "unit": unit_of_cgroup(cgroup),
+            })  # fmt: skip
+    states = _unit_states({p["unit"] for p in found if p["unit"]}, timeout)
+    for process in found:
+        process["unit_active_state"] = states.get(process["unit"])
     return found
 
 
@@ -765,7 +826,7 @@ def gather(
         exe_dir = os.path.dirname(os.path.dirname(os.path.abspath(python)))
         facts["disk"] = disk_facts(list(disk_paths) + [home, exe_dir, "/"])
         facts["ports"] = port_facts(list(ports))
-        facts["processes"] = process_facts()
+        facts["processes"] = process_facts(short)
         facts["health"] = health_facts(health_url, short) if health_url else None
     if facts["python"]["found"]:
         facts["torch"] = torch_future.result()

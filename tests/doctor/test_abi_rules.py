@@ -81,7 +81,33 @@ def test_undefined_symbol_fix_names_the_pair_sglang_pins(h200, captures):
     verdict = abi.check_probe(h200, "sgl_kernel")
     assert verdict.status is Status.FAIL
     assert "_ZN5torch3jit17parseSchemaOrNameERKSsb" in verdict.detail
-    assert "'torch==2.11.0' 'sglang-kernel==0.4.3'" in verdict.fix
+    # torch already matches sglang's pin: only the kernel is reinstalled, without deps.
+    assert "--force-reinstall --no-deps 'sglang-kernel==0.4.3'" in verdict.fix
+    assert "torch==" not in verdict.fix
+
+
+def test_a_kernel_built_for_another_torch_is_fixed_with_the_kernel_sglang_pins(h200, captures):
+    # sgl-project/sglang issue 36462's state: sglang-kernel 0.4.6.post1 next to torch 2.11
+    # (sglang 0.5.13 pins 0.4.3); the loader's message is the one sglang-kernel prints.
+    text = captures["sgl_kernel_common_ops_undefined_symbol"]
+    h200["packages"]["sglang-kernel"] = "0.4.6.post1"
+    lines = [ln for ln in text.splitlines() if "undefined symbol" in ln] + text.splitlines()[-1:]
+    h200["probes"]["sgl_kernel"] = {
+        "status": "error",
+        "error": "\n".join(lines),
+        "error_kind": host_facts.classify_import_error(text),
+    }
+    verdict = abi.check_probe(h200, "sgl_kernel")
+    assert verdict.status is Status.FAIL
+    assert "sglang-kernel 0.4.6.post1 was built for another torch than 2.11.0+cu130" in (
+        verdict.detail
+    )
+    assert "_ZNK3c106SymInt6sym_neERKS0_" in verdict.detail
+    assert verdict.fix.endswith(
+        "-m pip install --force-reinstall --no-deps 'sglang-kernel==0.4.3'  (what sglang 0.5.13 pins)"
+    )
+    pins = abi.check_sglang_pins(h200)
+    assert pins.status is Status.FAIL and "'sglang-kernel==0.4.3'" in pins.fix
 
 
 def test_rtx5080_gpu_side_is_fine(rtx5080):
@@ -187,15 +213,11 @@ def test_cu12_libraries_next_to_a_cu130_torch_fail(h200, captures):
     h200["packages"].update(_pins_from(captures["pip_cu12_torch_2_7"]))
     verdict = abi.check_cuda_packages(h200)
     assert verdict.status is Status.FAIL
-    assert "CUDA 12: nvidia-cublas-cu12==12.8.3.14" in verdict.detail
-    assert "CUDA 13: torch==2.11.0+cu130" in verdict.detail
-    assert "uninstall -y nvidia-cublas-cu12" in verdict.fix
-
-
-def test_unsuffixed_cuda_13_wheels_agree_with_a_cu130_torch(h200):
-    # CUDA 13 wheels dropped the suffix (nvidia-cublas 13.x); nvidia-ml-py numbers itself.
-    h200["packages"].update({"nvidia-cublas": "13.10.0.20", "nvidia-ml-py": "12.575.51"})
-    assert abi.check_cuda_packages(h200).status is Status.PASS
+    assert "torch 2.11.0+cu130 is built for CUDA 13" in verdict.detail
+    assert "nvidia-cublas-cu12==12.8.3.14 (-cu12 suffix)" in verdict.detail
+    assert "uninstall -y nvidia-cublas-cu12 nvidia-cuda-cupti-cu12" in verdict.fix
+    assert "Requires-Dist was not read" in verdict.fix  # this fixture has no torch pins
+    # Stock CUDA 13 stacks (real torch wheel metadata) are in test_cuda_packages.py.
 
 
 def test_cu12_torch_stack_is_consistent(a40, captures):

@@ -275,3 +275,17 @@ def test_draft_layers_of_real_exported_checkpoints(tmp_path):
     assert bad["status"] == "fail" and "layer 3 is the target's last" in bad["detail"]
     (draft / "config.json").write_text("{ broken")
     assert verdict()["status"] == "skip"
+
+
+def test_save_facts_writes_what_the_verdicts_were_made_from(tmp_path):
+    from ddtree_cli import abi
+
+    saved = tmp_path / "facts.json"
+    result = run_cli("doctor", "--python", sys.executable, "--no-probes", "--json",
+                     "--save-facts", str(saved))  # fmt: skip
+    facts = json.loads(saved.read_text())["local"]
+    assert facts["python"]["executable"] == sys.executable
+    assert "torch" in facts["requires"]  # torch's Requires-Dist, for cuda.packages
+    verdict = abi.check_cuda_packages(facts)
+    check = checks_of(result)["cuda.packages"]
+    assert (check["status"], check["detail"]) == (verdict.status.value, verdict.detail)

@@ -93,18 +93,32 @@ def test_port_owned_by_the_unit_passes_and_by_someone_else_fails():
 
 
 def test_leftover_scheduler_reports_the_gpu_memory_it_holds(h200):
+    # Shapes as the collector writes them (see test_leftovers_real.py for real processes):
+    # pid 7's launcher is gone (re-parented to init); pid 8 belongs to a live unit's server.
     h200["processes"] = [
         {
             "pid": 7,
             "name": "sglang::scheduler_TP0",
             "cmdline": "sglang::scheduler_TP0",
             "cgroup": "0::/user.slice/user-0.slice/session-3.scope",
+            "ppid": 1,
+            "parent_cmdline": "/sbin/init",
+            "parent_is_launcher": False,
+            "parent_is_sglang": False,
+            "unit": "session-3.scope",
+            "unit_active_state": "active",
         },
         {
             "pid": 8,
             "name": "sglang::detokenizer",
             "cmdline": "sglang::detokenizer",
             "cgroup": "0::/system.slice/sglang.service",
+            "ppid": 5,
+            "parent_cmdline": "/opt/venv/bin/python3 -m sglang.launch_server --port 30000",
+            "parent_is_launcher": True,
+            "parent_is_sglang": False,
+            "unit": "sglang.service",
+            "unit_active_state": "active",
         },
     ]
     h200["nvidia_smi"]["compute_apps"] = [
@@ -117,10 +131,36 @@ def test_leftover_scheduler_reports_the_gpu_memory_it_holds(h200):
     ]
     verdict = doctor.check_leftover_processes(h200, "sglang")
     assert verdict.status is Status.FAIL
-    assert "pid 7 sglang::scheduler_TP0" in verdict.detail
+    assert "pid 7 sglang::scheduler_TP0: its launcher is gone" in verdict.detail
     assert "holding 101376 MiB of GPU memory" in verdict.detail
-    assert "pid 8" not in verdict.detail  # inside the unit: not a leftover
+    assert "pid 8" not in verdict.detail  # its launcher and its unit live: not a leftover
     assert verdict.fix.startswith("kill 7 ")
+
+
+def test_children_of_a_stopped_unit_are_leftovers_even_under_their_launcher(h200):
+    # KillMode=none: systemd stopped the unit and left its whole tree running.
+    h200["processes"] = [
+        {
+            "pid": 8, "name": "sglang::scheduler_TP0", "cmdline": "sglang::scheduler_TP0",
+            "cgroup": "0::/system.slice/sglang.service", "ppid": 5,
+            "parent_cmdline": "/opt/venv/bin/sglang serve --port 30000",
+            "parent_is_launcher": True, "parent_is_sglang": False,
+            "unit": "sglang.service", "unit_active_state": "inactive",
+        }
+    ]  # fmt: skip
+    verdict = doctor.check_leftover_processes(h200, None)
+    assert verdict.status is Status.FAIL
+    assert "its unit sglang.service is inactive" in verdict.detail
+    assert verdict.fix.startswith("stop the server left in a stopped unit: kill 5 ")
+
+
+def test_facts_without_parents_are_never_a_kill(h200):
+    # What a collector older than the parent fields wrote: no verdict to act on.
+    h200["processes"] = [{"pid": 7, "name": "sglang::scheduler_TP0",
+                          "cmdline": "sglang::scheduler_TP0", "cgroup": "0::/"}]  # fmt: skip
+    verdict = doctor.check_leftover_processes(h200, None)
+    assert verdict.status is Status.WARN
+    assert "kill" not in verdict.fix and "ps -o pid,ppid,cmd -p 7" in verdict.fix
 
 
 def test_disk_thresholds():

@@ -135,3 +135,31 @@ def test_journal_redaction_masks_credentials_and_keeps_diagnostics():
         "server_args=ServerArgs(model_path='/m', api_key='***', skip_tokenizer_init=True, "
         "max_total_tokens=1000) --api-key *** HF_TOKEN=*** token_usage=0.5"
     )
+
+
+def test_an_import_probe_keeps_the_line_that_names_the_undefined_symbol(tmp_path, monkeypatch):
+    # A real import in a real interpreter, failing with sgl_kernel's loader message (from
+    # captures.json: it lists every attempt and ends with "No module named 'common_ops'").
+    raw = json.loads((Path(__file__).parent / "fixtures" / "captures.json").read_text())
+    text = raw["sgl_kernel_common_ops_undefined_symbol"]["text"].removeprefix("ImportError: ")
+    (tmp_path / "kernel_under_test.py").write_text(f"raise ImportError({text!r})\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    probe = host_facts.probe_one(sys.executable, 60, "kernel_under_test")
+    assert probe["status"] == "error" and probe["error_kind"] == "undefined_symbol"
+    assert "undefined symbol: _ZNK3c106SymInt6sym_neERKS0_" in probe["error"].splitlines()[0]
+    assert probe["error"].splitlines()[-1] == "- ModuleNotFoundError: No module named 'common_ops'"
+
+
+def test_the_installed_version_is_the_one_that_imports_first(tmp_path, monkeypatch):
+    # Two copies of one distribution on the path, as when a `pip install --target DIR` on
+    # PYTHONPATH shadows site-packages: the first one is what `import` loads.
+    for folder, version in (("first", "0.4.6.post1"), ("second", "0.4.3")):
+        info = tmp_path / folder / f"sglang_kernel-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: sglang-kernel\nVersion: {version}\n"
+        )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'first'}{os.pathsep}{tmp_path / 'second'}")
+    facts = host_facts.interpreter_facts(sys.executable, 60)
+    assert facts["packages"]["sglang-kernel"] == "0.4.6.post1"
+    assert facts["requires"]["sglang-kernel"] == []

@@ -234,7 +234,10 @@ def test_server_info_and_metrics(servers):
         assert status == 200
         assert info["speculative_algorithm"] == "DDTREE"
         assert info["speculative_ddtree_budget"] == 15
+        # SGLang's conventions (patched 0.5.13 on an H200): DDTREE verifies budget + 1 and
+        # keeps the drafter's block in speculative_dflash_block_size ...
         assert info["speculative_num_draft_tokens"] == 16
+        assert info["speculative_dflash_block_size"] == 16
         assert info["internal_states"][0]["avg_spec_accept_length"] >= 1.0
         # The default model is the embedded trained pair, identified by its hash.
         assert info["model"]["random_init"] is False
@@ -244,6 +247,13 @@ def test_server_info_and_metrics(servers):
         assert len(info["model"]["weights_sha256"]) == 64
         assert info["device"] == "cpu"
         assert info["disable_cuda_graph"] is True  # graphs are CUDA-only
+    # ... DFLASH resolves its block into speculative_num_draft_tokens, block size null.
+    dflash = get(servers["dflash"], "/server_info")[1]
+    assert (dflash["speculative_num_draft_tokens"], dflash["speculative_dflash_block_size"]) == (
+        16,
+        None,
+    )
+    assert dflash["speculative_ddtree_budget"] is None
     assert get(servers["ar"], "/server_info")[1]["speculative_algorithm"] is None
     status, text = get(url, "/metrics")
     assert status == 200
