@@ -90,12 +90,14 @@ def pinned(core: int):
     return fn
 
 
-def run_measured(cmd: list[str], core: int, env: dict | None = None) -> tuple[float, float, str]:
+def run_measured(
+    cmd: list[str], core: int, env: dict | None = None, cwd: Path | None = None
+) -> tuple[float, float, str]:
     """Run a client; return (cpu seconds, wall seconds, stdout); CPU = user + sys."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=pinned(core), env=env,
+        preexec_fn=pinned(core), env=env, cwd=cwd,
     )
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -157,17 +159,20 @@ def prepare_bench_serving(venv_dir: Path, workdir: Path) -> tuple[Path, Path, Pa
 
 
 def bench_serving(url, prompts, args, workdir, core, python, site, tokenizer):
+    # bench_serving writes its result file (sglang_<date>_<n>_...jsonl) into the current
+    # folder: run it in the work folder, with absolute paths, so nothing lands in the caller's.
     cmd = [
-        str(python), str(workdir / "bench_serving_shim.py"), str(site),
+        os.path.abspath(python), os.path.abspath(workdir / "bench_serving_shim.py"),
+        os.path.abspath(site),
         "--backend", "sglang", "--base-url", url, "--model", "emitter",
-        "--tokenizer", str(tokenizer), "--dataset-name", "random-ids",
+        "--tokenizer", os.path.abspath(tokenizer), "--dataset-name", "random-ids",
         "--random-input-len", "32", "--random-output-len", str(args.output_len),
         "--random-range-ratio", "1.0", "--num-prompts", str(prompts),
         "--max-concurrency", str(args.concurrency), "--disable-ignore-eos",
         "--ready-check-timeout-sec", "0",
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cpu, wall, out = run_measured(cmd, core, env)
+    cpu, wall, out = run_measured(cmd, core, env, cwd=workdir)
     ok = re.search(r"Successful requests:\s+(\d+)", out)
     tokens = re.search(r"Total generated tokens:\s+(\d+)", out)
     if not ok or int(ok.group(1)) != prompts or not tokens:

@@ -33,8 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ddtree_cli.engine.config import BENCH_DRAFT, BENCH_TARGET  # noqa: E402
-from ddtree_cli.engine.decoding import Engine, Sequence  # noqa: E402
+from ddtree_cli.engine.decoding import Engine, RequestState  # noqa: E402
+from ddtree_cli.engine.model_config import BENCH_DRAFT, BENCH_TARGET  # noqa: E402
 from ddtree_cli.engine.oracle import PeakedDraftHook  # noqa: E402
 from ddtree_cli.engine.weights import random_pair  # noqa: E402
 
@@ -55,7 +55,7 @@ def sync(device: torch.device) -> None:
 
 def decode(engine: Engine, prompts: list[list[int]], max_new: int) -> dict:
     """Prefill all prompts, then time the decode rounds only."""
-    seqs = [Sequence(p, max_new) for p in prompts]
+    seqs = [RequestState(p, max_new) for p in prompts]
     engine.add_many(seqs)
     sync(engine.device)
     rounds = 0
@@ -214,7 +214,7 @@ def profile_rounds(pair, device: torch.device, block_size: int, out: Path, graph
             cuda_graphs=graphs,
         )
         engine.draft_hook = PeakedDraftHook(refs, SCENARIOS["peaked"], seed=1)
-        engine.add(Sequence(prompt, 200))
+        engine.add(RequestState(prompt, 200))
         for _ in range(3):
             engine.step()
         sync(device)

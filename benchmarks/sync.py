@@ -32,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ddtree_cli.deploy.sync import Releases, scan, sync  # noqa: E402
 from ddtree_cli.patching.fetch import download_wheel, extract_wheel  # noqa: E402
 from ddtree_cli.remote.ssh import connect  # noqa: E402
-from ddtree_cli.remote.sync import Releases, scan, sync  # noqa: E402
 from tests.testhosts import start_host  # noqa: E402
 
 VERSION = "0.5.23"

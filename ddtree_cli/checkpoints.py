@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ddtree_cli.verdict import Verdict, failed, passed, skipped
 
 if TYPE_CHECKING:
-    from ddtree_cli.config import LaunchConfig
+    from ddtree_cli.deploy.config import LaunchConfig
 
 
 def checkpoint_roles(target: str | None, draft: str | None) -> dict[str, str]:

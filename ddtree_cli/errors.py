@@ -11,12 +11,14 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
+    """The exit codes of every command (the table in the README)."""
+
     OK = 0
-    FAILURE = 1
-    USAGE = 2
-    CONFIG = 3
-    REMOTE = 4
-    CHECK_FAILED = 5
+    FAILURE = 1  # the work itself failed: a host did not deploy, a bench run stopped
+    USAGE = 2  # an unknown option, a bad value, options that do not go together
+    CONFIG = 3  # an input that cannot be used (YAML, inventory, dataset, folder), a missing extra
+    REMOTE = 4  # a host cannot be reached, or refused us (host key, auth, sudo)
+    CHECK_FAILED = 5  # a check ran and failed: doctor, patch --check, bench's lossless/confounds
     INTERRUPTED = 130
 
 
@@ -34,6 +36,12 @@ class DdtreeError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class UsageError(DdtreeError):
+    """Options that cannot be used as given (like click's own usage errors: exit 2)."""
+
+    exit_code = ExitCode.USAGE
 
 
 class ConfigError(DdtreeError):

@@ -46,9 +46,9 @@ sys.path.insert(0, str(REPO))
 
 from ddtree_cli.engine.export import export_pair, random_export_pair  # noqa: E402
 from ddtree_cli.engine.tokenizer import ByteTokenizer  # noqa: E402
-from ddtree_cli.engine.train import is_heldout  # noqa: E402
 from ddtree_cli.engine.weights import load_pair  # noqa: E402
 from ddtree_cli.patching import fetch  # noqa: E402
+from ddtree_cli.training.corpus import is_heldout  # noqa: E402
 
 SGLANG_VERSION = "0.5.13"
 BLOCK_SIZES = (9, 16, 33, 65)  # draft-b16 for any budget; b9/b33/b65: budget = block - 1

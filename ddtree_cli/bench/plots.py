@@ -1,26 +1,37 @@
-"""PNG plots of a run (matplotlib, Agg backend: no display needed)."""
+"""PNG plots of a run (matplotlib, Agg backend: no display needed; the ``plots`` extra)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from ddtree_cli.bench.loadgen import PassResult
+from ddtree_cli.extras import PLOTS
 
-from ddtree_cli.bench.loadgen import PassResult  # noqa: E402
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:  # a plain install: the run still writes its JSON and Markdown
+    plt = None
+
+NAMES = ("throughput.png", "acceptance.png", "latency_cdf.png")
+
+
+class PlotsSkipped(Exception):
+    """matplotlib is missing; the message names the skipped plots and the install line."""
 
 
 def render_all(summary: dict[str, Any], passes: list[PassResult], run_dir: Path) -> list[str]:
+    if plt is None:
+        raise PlotsSkipped(
+            f"matplotlib is not installed, skipped {', '.join(NAMES)}: {PLOTS.install_line()}"
+        )
     written = []
-    for name, fn in (
-        ("throughput.png", _throughput),
-        ("acceptance.png", _acceptance),
-        ("latency_cdf.png", _latency_cdf),
-    ):
+    for name, fn in zip(NAMES, (_throughput, _acceptance, _latency_cdf), strict=True):
         fig = fn(summary, passes)
         if fig is None:
             continue

@@ -27,8 +27,8 @@ class ServiceSwitcher:
     switches: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from ddtree_cli.config import ALGOS, load_deploy_config
-        from ddtree_cli.remote.ssh import HostSpec
+        from ddtree_cli.deploy.config import ALGOS, load_deploy_config
+        from ddtree_cli.remote.hostspec import HostSpec
 
         self._cfg = load_deploy_config(self.config_path)
         self._host = HostSpec.parse(self.host)

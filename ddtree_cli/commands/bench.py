@@ -11,9 +11,10 @@ from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ddtree_cli.commands._options import JsonOpt
+from ddtree_cli.commands._options import AcceptNewHostKeyOpt, IdentityOpt, JsonOpt, KnownHostsOpt
 from ddtree_cli.console import console, emit_json, err_console, warn
-from ddtree_cli.errors import ConfigError
+from ddtree_cli.errors import UsageError
+from ddtree_cli.extras import ENGINE, require
 
 
 def _parse_urls(values: list[str], algo: str) -> dict[str, str]:
@@ -23,9 +24,9 @@ def _parse_urls(values: list[str], algo: str) -> dict[str, str]:
         if not sep or "://" in name:
             name, url = algo, value
         if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"--url {value}: expected NAME=http://HOST:PORT")
+            raise UsageError(f"--url {value}: expected NAME=http://HOST:PORT")
         if name in urls:
-            raise ConfigError(f"--url names arm '{name}' twice")
+            raise UsageError(f"--url names arm '{name}' twice")
         urls[name] = url
     return urls
 
@@ -34,7 +35,7 @@ def _parse_concurrency(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError as exc:
-        raise ConfigError(f"--concurrency {text}: expected integers like 1,4,16") from exc
+        raise UsageError(f"--concurrency {text}: expected integers like 1,4,16") from exc
     return values
 
 
@@ -169,6 +170,7 @@ def bench(
     host: Annotated[
         str | None,
         typer.Option(
+            "--host", "-H",
             help="[USER@]HOST[:PORT] whose service (--config) is switched between the arms "
             "through the deploy module: the A/B on identical hardware."
         ),
@@ -176,16 +178,9 @@ def bench(
     config: Annotated[
         Path | None, typer.Option(help="With --host: the deploy YAML of that service.")
     ] = None,
-    identity: Annotated[str | None, typer.Option(help="With --host: SSH private key.")] = None,
-    known_hosts: Annotated[
-        str | None, typer.Option(help="With --host: known_hosts file (default ~/.ssh/known_hosts).")
-    ] = None,
-    accept_new_host_key: Annotated[
-        bool,
-        typer.Option(
-            "--accept-new-host-key", help="With --host: trust an unknown host key on first contact."
-        ),
-    ] = False,
+    identity: IdentityOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    accept_new_host_key: AcceptNewHostKeyOpt = False,
     port: Annotated[
         int | None, typer.Option(help="With --host: the service port (default: the config's).")
     ] = None,
@@ -207,6 +202,8 @@ def bench(
         server_timeout=server_timeout, host=host, config=config, identity=identity,
         known_hosts=known_hosts, accept_new_host_key=accept_new_host_key, service_port=port,
     )
+    if opts.embedded:
+        require(ENGINE, "the embedded bench (no --url, no --host)")
     show = not json_out and err_console.is_terminal
     progress = (
         Progress(

@@ -12,38 +12,52 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from ddtree_cli.commands._options import DryRunOpt, JsonOpt
+from ddtree_cli.commands._options import (
+    AcceptNewHostKeyOpt,
+    DryRunOpt,
+    GroupOpt,
+    HostsOpt,
+    IdentityOpt,
+    InventoryOpt,
+    JsonOpt,
+    KnownHostsOpt,
+    SshConfigOpt,
+)
 from ddtree_cli.console import STATUS_STYLE, console, emit_json, err_console
-from ddtree_cli.errors import ConfigError, DdtreeError, ExitCode
+from ddtree_cli.deploy.report import HostStatus
+from ddtree_cli.errors import DdtreeError, ExitCode, UsageError
 
-STATE_STYLE = {
-    "deployed": "green", "unchanged": "green", "active": "green", "dry_run": "cyan",
-    "rolled_back_on_request": "green", "rolled_back": "yellow", "failed": "red",
-    "unreachable": "red", "preflight_failed": "red", "preflight failed": "red",
-}
+_STYLE_OF = {
+    HostStatus.DRY_RUN: "cyan", HostStatus.PENDING: "cyan", HostStatus.ROLLED_BACK: "yellow",
+    HostStatus.ACTIVATING: "yellow", HostStatus.RELOADING: "yellow",
+}  # fmt: skip
+
+
+def _style(state: str) -> str:
+    """A host status in green (success), yellow or red; a phase (connecting, syncing, ...) cyan."""
+    try:
+        status = HostStatus(state)
+    except ValueError:
+        return "cyan"
+    return _STYLE_OF.get(status) or ("green" if status.ok else "red")
 
 
 def deploy_command(
     config: Annotated[Path, typer.Option(
         "--config", "-c", help="Deployment YAML (see configs/).")],
-    host: Annotated[list[str] | None, typer.Option(
-        "--host", help="[USER@]HOST[:PORT] or an ~/.ssh/config alias; repeatable.")] = None,
-    inventory: Annotated[Path | None, typer.Option(help="Inventory YAML of hosts and groups.")] = None,
-    group: Annotated[str | None, typer.Option(help="Only this inventory group.")] = None,
-    identity: Annotated[str | None, typer.Option(
-        "--identity", "-i", help="Private key file (default: ssh config, agent, ~/.ssh/id_*).")] = None,
+    host: HostsOpt = None,
+    inventory: InventoryOpt = None,
+    group: GroupOpt = None,
+    identity: IdentityOpt = None,
     algo: Annotated[str | None, typer.Option(
         help="dflash or ddtree (default: launch.algo). Only the algorithm flags differ.")] = None,
     remote_python: Annotated[str | None, typer.Option(
         help="The host's Python with torch and sglang (default: remote.python).")] = None,
     port: Annotated[int | None, typer.Option(
         help="Service port on every host (default: server.port or the inventory's).")] = None,
-    accept_new_host_key: Annotated[bool, typer.Option(
-        "--accept-new-host-key", help="Record unknown host keys (like OpenSSH's accept-new). Changed keys are "
-             "always refused.")] = False,
-    known_hosts: Annotated[str | None, typer.Option(
-        help="known_hosts file to check against and record in (default ~/.ssh/known_hosts).")] = None,
-    ssh_config: Annotated[str | None, typer.Option(help="ssh config (default ~/.ssh/config).")] = None,
+    accept_new_host_key: AcceptNewHostKeyOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    ssh_config: SshConfigOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Deploy even when preflight checks fail.")] = False,
     rollback: Annotated[bool, typer.Option(
         "--rollback", help="Switch back to the previous release and restart.")] = False,
@@ -54,21 +68,21 @@ def deploy_command(
 ) -> None:
     """Preflight, sync, install a systemd unit, wait until it serves; roll back if it does not."""
     from ddtree_cli import deploy as dp
-    from ddtree_cli.config import load_deploy_config, load_inventory
-    from ddtree_cli.remote.ssh import HostSpec
+    from ddtree_cli.deploy.config import load_deploy_config, load_inventory
+    from ddtree_cli.remote.hostspec import HostSpec
 
     if sum([rollback, status, dry_run]) > 1:
-        raise ConfigError("--rollback, --status and --dry-run are exclusive")
+        raise UsageError("--rollback, --status and --dry-run are exclusive")
     if algo is not None and algo not in ("dflash", "ddtree"):
-        raise ConfigError(f"--algo must be dflash or ddtree, got {algo!r}")
+        raise UsageError(f"--algo must be dflash or ddtree, got {algo!r}")
     cfg = load_deploy_config(config)
     hosts = [HostSpec.parse(h) for h in host or []]
     if inventory is not None:
         hosts += load_inventory(inventory).select(group)
     elif group is not None:
-        raise ConfigError("--group needs --inventory")
+        raise UsageError("--group needs --inventory")
     if not hosts:
-        raise ConfigError("no hosts: pass --host or --inventory")
+        raise UsageError("no hosts: pass --host or --inventory")
     opts = dp.DeployOptions(algo=algo, remote_python=remote_python, identity=identity,
                             accept_new_host_key=accept_new_host_key, known_hosts=known_hosts,
                             ssh_config=ssh_config, service_port=port, force=force)
@@ -88,7 +102,7 @@ def deploy_command(
         t.add_column("detail", overflow="fold")
         with lock:
             for label, (phase, detail) in rows.items():
-                style = STATE_STYLE.get(phase, "cyan")
+                style = _style(phase)
                 t.add_row(escape(label), f"[{style}]{escape(phase)}[/]", escape(detail[:100]))
         return t
 
@@ -132,13 +146,13 @@ def deploy_command(
         first = failed[0]
         raise DdtreeError(f"{len(failed)} of {len(reports)} host(s) failed; {first.host}: "
                           f"{first.status}: {first.message or 'see above'}",
-                          exit_code=ExitCode.REMOTE if first.status == "unreachable"
+                          exit_code=ExitCode.REMOTE if first.status is HostStatus.UNREACHABLE
                           else ExitCode.FAILURE)
 
 
 def _print_reports(reports, action: str) -> None:
     for r in reports:
-        if r.preflight and (action == "dry-run" or r.status == "preflight_failed"
+        if r.preflight and (action == "dry-run" or r.status is HostStatus.PREFLIGHT_FAILED
                             or any(p.status == "fail" for p in r.preflight)):
             t = Table(title=f"preflight · {escape(r.host)}", title_justify="left")
             for col in ("check", "status", "detail", "fix"):
@@ -166,9 +180,9 @@ def _print_reports(reports, action: str) -> None:
     for col in ("host", "status", "release", "url", "uploaded", "detail"):
         t.add_column(col, overflow="fold")
     for r in reports:
-        style = STATE_STYLE.get(r.status, "cyan")
+        style = _style(r.status)
         uploaded = f"{r.uploaded_files} files, {r.uploaded_bytes / 1e6:.1f} MB" \
-            if action == "deploy" and r.status not in ("unreachable",) else ""
+            if action == "deploy" and r.status is not HostStatus.UNREACHABLE else ""
         t.add_row(escape(r.host), f"[{style}]{r.status}[/]", r.release or "-", r.url or "-",
                   uploaded, escape(r.message))
     console.print(t)

@@ -13,17 +13,19 @@ from rich.table import Table
 
 from ddtree_cli import doctor
 from ddtree_cli.checkpoints import checkpoint_roles
-from ddtree_cli.commands._options import JsonOpt
+from ddtree_cli.commands._options import (
+    AcceptNewHostKeyOpt,
+    GroupOpt,
+    HostsOpt,
+    IdentityOpt,
+    InventoryOpt,
+    JsonOpt,
+    KnownHostsOpt,
+    SshConfigOpt,
+)
 from ddtree_cli.console import STATUS_STYLE, console, emit_json, err_console
-from ddtree_cli.errors import ConfigError, ExitCode
+from ddtree_cli.errors import ExitCode, UsageError
 from ddtree_cli.remote import facts as host_facts
-
-HostOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--host", "-H", help="[user@]host[:port] to examine over SSH; repeat for several."
-    ),
-]
 
 
 def _targets(hosts: list[str], inventory: Path | None, group: str | None) -> dict[str, object]:
@@ -31,12 +33,12 @@ def _targets(hosts: list[str], inventory: Path | None, group: str | None) -> dic
     HostSpec, which carries its own user, port and key)."""
     targets: dict[str, object] = {h: h for h in hosts}
     if inventory is not None:
-        from ddtree_cli.config import load_inventory
+        from ddtree_cli.deploy.config import load_inventory
 
         for spec in load_inventory(inventory).select(group):
             targets.setdefault(spec.label, spec)
     elif group:
-        raise ConfigError("--group needs --inventory")
+        raise UsageError("--group needs --inventory")
     return targets
 
 
@@ -100,28 +102,13 @@ def _print_report(report: doctor.DoctorReport) -> None:
 
 
 def doctor_command(
-    host: HostOpt = None,
-    inventory: Annotated[
-        Path | None, typer.Option("--inventory", "-i", help="Inventory YAML with hosts.")
-    ] = None,
-    group: Annotated[str | None, typer.Option("--group", "-g", help="Inventory group.")] = None,
-    identity: Annotated[
-        Path | None, typer.Option("--identity", help="SSH private key to log in with.")
-    ] = None,
-    accept_new_host_key: Annotated[
-        bool,
-        typer.Option(
-            "--accept-new-host-key",
-            help="Trust and record a host key seen for the first time (never a changed one).",
-        ),
-    ] = False,
-    known_hosts: Annotated[
-        Path | None,
-        typer.Option("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)."),
-    ] = None,
-    ssh_config: Annotated[
-        Path | None, typer.Option("--ssh-config", help="ssh config file (default ~/.ssh/config).")
-    ] = None,
+    host: HostsOpt = None,
+    inventory: InventoryOpt = None,
+    group: GroupOpt = None,
+    identity: IdentityOpt = None,
+    accept_new_host_key: AcceptNewHostKeyOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    ssh_config: SshConfigOpt = None,
     snapshot: Annotated[
         Path | None,
         typer.Option(
@@ -174,7 +161,7 @@ def doctor_command(
 
     targets = _targets(host or [], inventory, group)
     if url and len(targets) > 1:
-        raise ConfigError("--url names one server; use it with at most one --host")
+        raise UsageError("--url names one server; use it with at most one --host")
     options = doctor.DoctorOptions(
         snapshot=inspect_snapshot(snapshot) if snapshot else None,
         snapshot_path=str(snapshot) if snapshot else None,
@@ -217,7 +204,7 @@ def doctor_command(
     else:
         _print_report(report)
     if not report.ok:
-        raise typer.Exit(int(ExitCode.FAILURE))
+        raise typer.Exit(int(ExitCode.CHECK_FAILED))
 
 
 class _nothing:

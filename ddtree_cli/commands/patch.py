@@ -11,7 +11,7 @@ from rich.syntax import Syntax
 
 from ddtree_cli.commands._options import DryRunOpt, JsonOpt
 from ddtree_cli.console import console, emit_json, err_console, info
-from ddtree_cli.errors import DdtreeError, ExitCode
+from ddtree_cli.errors import UsageError
 from ddtree_cli.patching import engine, fetch, snapshot
 from ddtree_cli.patching.series import supported_versions
 
@@ -82,14 +82,14 @@ def patch(
         m for m, on in (("--check", check), ("--dry-run", dry_run), ("--revert", revert)) if on
     ]
     if len(modes) > 1:
-        raise DdtreeError(f"{' and '.join(modes)} cannot be combined", exit_code=ExitCode.USAGE)
+        raise UsageError(f"{' and '.join(modes)} cannot be combined")
     if into is not None and fetch_version is None:
-        raise DdtreeError("--into only goes with --fetch", exit_code=ExitCode.USAGE)
+        raise UsageError("--into only goes with --fetch")
 
     out: dict = {}
     if fetch_version is not None:
         if snapshot_path is not None:
-            raise DdtreeError("give either SNAPSHOT or --fetch, not both", exit_code=ExitCode.USAGE)
+            raise UsageError("give either SNAPSHOT or --fetch, not both")
         if json_out or not err_console.is_terminal:
             snapshot_path = fetch.fetch(fetch_version, into)
         else:

@@ -10,6 +10,7 @@ import typer
 
 from ddtree_cli.commands._options import JsonOpt
 from ddtree_cli.console import console, emit_json
+from ddtree_cli.extras import ENGINE, require
 
 Algo = Annotated[str, typer.Option("--algo", help="Decoding: ar, dflash or ddtree.")]
 
@@ -57,6 +58,7 @@ def serve(
 
     Endpoints: /generate, /v1/completions, /health, /health_generate, /server_info, /metrics.
     """
+    require(ENGINE, "ddtree serve")
     from ddtree_cli.engine.server import ServeOptions, ready_summary, run_forever
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -41,11 +40,11 @@ from ddtree_cli.errors import ConfigError
 
 log = logging.getLogger("ddtree.engine")
 
-DraftHook = Callable[[torch.Tensor, Seq["Sequence"]], torch.Tensor]
+DraftHook = Callable[[torch.Tensor, Sequence["RequestState"]], torch.Tensor]
 
 
 @dataclass
-class Sequence:
+class RequestState:
     """One request inside the engine."""
 
     prompt: list[int]
@@ -140,7 +139,7 @@ class Engine:
         self.roots = torch.zeros(max_batch, dtype=torch.long, device=self.device)
         self.temps = torch.zeros(max_batch, dtype=torch.float32, device=self.device)
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
-        self.seqs: list[Sequence] = []
+        self.seqs: list[RequestState] = []
         self.draft_hook: DraftHook | None = None
         # Lifetime counters over request-rounds (speculative modes): SGLang's definitions.
         self.total_rounds = 0
@@ -171,7 +170,7 @@ class Engine:
 
     # ---- admission -------------------------------------------------------------------
 
-    def check(self, seq: Sequence) -> None:
+    def check(self, seq: RequestState) -> None:
         """Raise ConfigError if ``seq`` can never run on this engine."""
         if not seq.prompt:
             raise ConfigError("empty prompt")
@@ -183,11 +182,11 @@ class Engine:
         if seq.max_new_tokens < 1:
             raise ConfigError("max_new_tokens must be at least 1")
 
-    def add(self, seq: Sequence) -> list[int]:
+    def add(self, seq: RequestState) -> list[int]:
         return self.add_many([seq])[0]
 
     @torch.inference_mode()
-    def add_many(self, seqs: list[Sequence]) -> list[list[int]]:
+    def add_many(self, seqs: list[RequestState]) -> list[list[int]]:
         """Prefill ``seqs`` together (one padded causal forward) into the next free rows.
 
         Returns each sequence's first committed token (a list, empty never).
@@ -227,7 +226,7 @@ class Engine:
     # ---- one round -------------------------------------------------------------------
 
     @torch.inference_mode()
-    def step(self) -> list[tuple[Sequence, list[int]]]:
+    def step(self) -> list[tuple[RequestState, list[int]]]:
         """One verify round for every active sequence; returns (sequence, new tokens)."""
         b = len(self.seqs)
         if b == 0:
@@ -371,7 +370,7 @@ class Engine:
 
     # ---- bookkeeping -----------------------------------------------------------------
 
-    def _commit(self, host: list[list[int]]) -> list[tuple[Sequence, list[int]]]:
+    def _commit(self, host: list[list[int]]) -> list[tuple[RequestState, list[int]]]:
         results = []
         for seq, row in zip(list(self.seqs), host, strict=True):
             n = row[0]
@@ -390,7 +389,7 @@ class Engine:
                 self._remove(row)
         return results
 
-    def drop(self, seq: Sequence) -> None:
+    def drop(self, seq: RequestState) -> None:
         """Remove an unfinished sequence (its client went away)."""
         for row, active in enumerate(self.seqs):
             if active is seq:
@@ -424,9 +423,9 @@ def generate(
     max_new_tokens: int,
     temperature: float = 0.0,
     stop_ids: frozenset[int] = frozenset(),
-) -> list[Sequence]:
+) -> list[RequestState]:
     """Run prompts to completion, at most ``engine.max_batch`` at a time (tests, benchmarks)."""
-    pending = [Sequence(p, max_new_tokens, temperature, stop_ids) for p in prompts]
+    pending = [RequestState(p, max_new_tokens, temperature, stop_ids) for p in prompts]
     queue = deque(pending)
     while queue or engine.seqs:
         admit = [

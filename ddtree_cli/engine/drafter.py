@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ddtree_cli.engine.config import DraftConfig
 from ddtree_cli.engine.layers import DecoderLayer, RMSNorm, Rope
+from ddtree_cli.engine.model_config import DraftConfig
 
 
 class DFlashDrafter(nn.Module):

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from ddtree_cli.engine.config import DraftConfig, TargetConfig
+from ddtree_cli.engine.model_config import DraftConfig, TargetConfig
 from ddtree_cli.engine.scaled import SCALES, Scale, scale_pair
 from ddtree_cli.engine.weights import (
     DEFAULT_SEED,

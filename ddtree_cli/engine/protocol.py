@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ddtree_cli.engine.decoding import Sequence
+from ddtree_cli.engine.decoding import RequestState
 from ddtree_cli.engine.tokenizer import ByteTokenizer
 
 
@@ -47,7 +47,7 @@ class Limits:
 
 @dataclass
 class GenerateItem:
-    seq: Sequence
+    seq: RequestState
     rid: str | None
     skip_special_tokens: bool = True
 
@@ -169,7 +169,7 @@ def parse_generate(body: Any, tokenizer: ByteTokenizer, limits: Limits) -> tuple
         rid = rid_list[i] if is_batch or rids is not None else None
         if rid is not None and not isinstance(rid, str):
             raise BadRequest("rid must be a string")
-        items.append(GenerateItem(Sequence(ids, max_new, temperature, stops), rid, skip))
+        items.append(GenerateItem(RequestState(ids, max_new, temperature, stops), rid, skip))
     return items, is_batch, stream
 
 
@@ -211,7 +211,7 @@ def parse_completions(
     temperature, max_new, stops, _ = parse_sampling(params, limits)
     _check_length(ids, max_new, limits)
     model = body.get("model") or "default"
-    return GenerateItem(Sequence(ids, max_new, temperature, stops), None), stream, str(model)
+    return GenerateItem(RequestState(ids, max_new, temperature, stops), None), stream, str(model)
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ class SpecInfo:
     num_draft_tokens: int
 
 
-def meta_info(rid: str, seq: Sequence, spec: SpecInfo, e2e_latency: float | None) -> dict:
+def meta_info(rid: str, seq: RequestState, spec: SpecInfo, e2e_latency: float | None) -> dict:
     info: dict[str, Any] = {
         "id": rid,
         "finish_reason": seq.finish_reason,
@@ -249,7 +249,7 @@ def generate_response(rid, seq, tokenizer, spec, e2e, skip_special_tokens=True) 
     }
 
 
-def completion_finish_reason(seq: Sequence) -> tuple[str | None, int | None]:
+def completion_finish_reason(seq: RequestState) -> tuple[str | None, int | None]:
     if seq.finish_reason is None:
         return None, None
     if seq.finish_reason["type"] == "stop":

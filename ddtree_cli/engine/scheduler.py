@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ddtree_cli.engine.decoding import Engine, Sequence
+from ddtree_cli.engine.decoding import Engine, RequestState
 from ddtree_cli.errors import DdtreeError
 
 log = logging.getLogger("ddtree.serve")
@@ -24,7 +24,7 @@ log = logging.getLogger("ddtree.serve")
 
 @dataclass
 class Request:
-    seq: Sequence
+    seq: RequestState
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
@@ -107,7 +107,7 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
-    def submit(self, seq: Sequence, rid: str | None = None) -> Request:
+    def submit(self, seq: RequestState, rid: str | None = None) -> Request:
         req = Request(seq) if rid is None else Request(seq, rid=rid)
         with self._cond:
             self._waiting.append(req)

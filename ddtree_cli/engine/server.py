@@ -22,7 +22,7 @@ import torch
 
 from ddtree_cli import __version__
 from ddtree_cli.engine import protocol
-from ddtree_cli.engine.decoding import Engine, Sequence, generate
+from ddtree_cli.engine.decoding import Engine, RequestState, generate
 from ddtree_cli.engine.metrics import render_metrics
 from ddtree_cli.engine.scheduler import Request, Scheduler
 from ddtree_cli.engine.tokenizer import ByteTokenizer
@@ -351,7 +351,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not generate_probe:
             return self._send(HTTPStatus.OK, b"", "text/plain")
         # SGLang's probe: one token from input_ids=[0] at temperature 0.
-        req = app.scheduler.submit(Sequence([0], 1, 0.0, frozenset()))
+        req = app.scheduler.submit(RequestState([0], 1, 0.0, frozenset()))
         deadline = time.monotonic() + HEALTH_GENERATE_TIMEOUT_S
         while True:
             left = deadline - time.monotonic()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ddtree_cli.engine.config import TargetConfig
 from ddtree_cli.engine.layers import DecoderLayer, RMSNorm, Rope
+from ddtree_cli.engine.model_config import TargetConfig
 
 
 class _Backbone(nn.Module):

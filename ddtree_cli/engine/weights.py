@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ddtree_cli.engine.config import DraftConfig, TargetConfig, check_pair
 from ddtree_cli.engine.drafter import DFlashDrafter
+from ddtree_cli.engine.model_config import DraftConfig, TargetConfig, check_pair
 from ddtree_cli.engine.target import Qwen3Target
 from ddtree_cli.errors import ConfigError
 

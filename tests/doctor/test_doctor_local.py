@@ -39,7 +39,7 @@ def local_report():
 
 
 def test_no_gpu_machine_fails_on_the_driver_and_the_cpu_torch(local_report):
-    assert local_report.returncode == 1, local_report.stderr
+    assert local_report.returncode == 5, local_report.stderr
     report = json.loads(local_report.stdout)
     assert report["ok"] is False
     checks = {c["id"]: c for c in report["checks"]}
@@ -71,14 +71,14 @@ def test_json_is_the_only_thing_on_stdout(local_report):
 
 def test_table_output_and_exit_code():
     result = run_cli("doctor", "--python", sys.executable, "--no-probes")
-    assert result.returncode == 1
+    assert result.returncode == 5
     assert "gpu.driver" in result.stdout and "no NVIDIA driver" in result.stdout
     assert "problems found" in result.stdout
 
 
 def test_missing_interpreter_fails_clearly(tmp_path):
     result = run_cli("doctor", "--python", str(tmp_path / "venv/bin/python"), "--json")
-    assert result.returncode == 1
+    assert result.returncode == 5
     version = checks_of(result)["python.version"]
     assert version["status"] == "fail"
     assert "not found" in version["detail"]

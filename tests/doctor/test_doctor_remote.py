@@ -70,7 +70,7 @@ def checks_by_id(stdout: str) -> dict[str, dict]:
 
 def test_facts_are_collected_over_ssh_and_a_host_without_driver_fails_clearly(trusted):
     result = run_doctor(*trusted, "--json")
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 5, result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] is False
     checks = {c["id"]: c for c in report["checks"]}
@@ -90,7 +90,7 @@ def test_facts_are_collected_over_ssh_and_a_host_without_driver_fails_clearly(tr
 def test_serving_venv_torch_is_imported_on_the_host(trusted):
     venv_python, _ = host_python_binds(sys.executable)
     result = run_doctor(*trusted, "--python", venv_python, "--json")
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 5, result.stderr
     checks = checks_by_id(result.stdout)
     assert checks["torch.installed"]["status"] == "pass"
     assert checks["torch.installed"]["detail"].startswith("torch 2.")
@@ -106,7 +106,7 @@ def test_serving_venv_torch_is_imported_on_the_host(trusted):
 
 def test_a_crashed_unit_shows_its_journal_lines(trusted):
     result = run_doctor(*trusted, "--unit", "crashy", "--json")
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 5, result.stderr
     unit = checks_by_id(result.stdout)["service.unit"]
     assert unit["status"] == "fail"
     assert "crashy failed: result exit-code, exit status 3" in unit["detail"]
@@ -163,7 +163,7 @@ def test_port_held_by_another_process_and_leftover_sglang_processes(host, truste
             ]
         )
         result = run_doctor(*trusted, "--unit", "crashy", "--port", str(port), "--json")
-        assert result.returncode == 1, result.stderr
+        assert result.returncode == 5, result.stderr
         checks = checks_by_id(result.stdout)
         held = checks[f"service.port.{port}"]
         assert held["status"] == "fail"
@@ -181,7 +181,7 @@ def test_port_held_by_another_process_and_leftover_sglang_processes(host, truste
 
 def test_table_output_names_host_check_status_detail_fix(trusted):
     result = run_doctor(*trusted, "--unit", "crashy")
-    assert result.returncode == 1
+    assert result.returncode == 5
     for word in ("host", "check", "status", "detail", "fix", "gpu.driver", "service.unit"):
         assert word in result.stdout
     assert result.stderr == ""
@@ -244,7 +244,7 @@ def test_changed_host_key_is_refused_even_with_accept_new(host, tmp_path):
 def test_one_unreachable_host_among_several_still_reports_the_others(trusted):
     port = free_port()
     result = run_doctor(*trusted, "--host", f"root@127.0.0.1:{port}", "--json")
-    assert result.returncode == 1
+    assert result.returncode == 5
     report = json.loads(result.stdout)
     by_host = {}
     for check in report["checks"]:
@@ -372,7 +372,7 @@ def test_accept_new_host_key_records_it_and_proceeds(host, tmp_path):
         "--json",
         timeout=120,
     )
-    assert result.returncode == 1  # no driver on the host; the connection itself worked
+    assert result.returncode == 5  # no driver on the host; the connection itself worked
     assert json.loads(result.stdout)["hosts"] == [host.target]
     recorded = known.read_text().split()
     assert recorded[:2] == [f"[127.0.0.1]:{host.ssh_port}", "ssh-ed25519"]

@@ -360,7 +360,7 @@ def test_draft_layers_rule():
 
 def test_launch_checkpoints_only_for_sglang_launches():
     from ddtree_cli.checkpoints import launch_checkpoints
-    from ddtree_cli.config import LaunchConfig
+    from ddtree_cli.deploy.config import LaunchConfig
 
     sglang = LaunchConfig(model_path="/m/t", draft_model_path="/m/d")
     assert launch_checkpoints(sglang) == {"target": "/m/t", "draft": "/m/d"}

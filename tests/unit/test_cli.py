@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -11,6 +12,8 @@ import typer
 from ddtree_cli import __main__ as entry
 from ddtree_cli import __version__
 from ddtree_cli.errors import ConfigError, ExitCode
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -72,3 +75,51 @@ def test_long_error_stays_one_line_on_a_pipe():
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["patch", "--check", "--revert", "."], "cannot be combined"),
+        (["deploy", "--config", "configs/deploy.embedded.yaml", "--status", "--rollback"],
+         "are exclusive"),
+        (["deploy", "--config", "configs/deploy.embedded.yaml", "--group", "g"],
+         "--group needs --inventory"),
+        (["doctor", "--group", "g"], "--group needs --inventory"),
+        (["bench", "--url", "gpu1:30000"], "expected NAME=http://HOST:PORT"),
+        (["bench", "--concurrency", "1,x"], "expected integers"),
+        (["serve", "--port", "many"], "many"),
+    ],
+)
+def test_a_usage_error_exits_2_in_every_command(argv, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "ddtree_cli", *argv], capture_output=True, text=True,
+        timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == ExitCode.USAGE, result.stderr
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+def test_ssh_options_have_one_spelling_and_one_short_flag():
+    import click
+
+    from ddtree_cli.cli import app
+
+    root = typer.main.get_command(app)
+    assert isinstance(root, click.Group)
+    want = {
+        "host": ["--host", "-H"], "inventory": ["--inventory", "-I"], "group": ["--group", "-g"],
+        "identity": ["--identity", "-i"], "known_hosts": ["--known-hosts"],
+        "ssh_config": ["--ssh-config"], "accept_new_host_key": ["--accept-new-host-key"],
+    }  # fmt: skip
+    seen = 0
+    for name in ("deploy", "doctor", "bench"):
+        for param in root.commands[name].params:
+            if param.name in want:
+                assert sorted(param.opts) == sorted(want[param.name]), (name, param.name)
+                seen += 1
+            # -i and -I mean one thing each, in every command
+            assert "-i" not in param.opts or param.name == "identity"
+            assert "-I" not in param.opts or param.name == "inventory"
+    assert seen == 7 + 7 + 4  # deploy and doctor: all seven; bench --host: four

@@ -122,7 +122,7 @@ def test_slim_wheel_drops_members_and_their_record_lines(tmp_path):
 
 
 def test_heldout_prompts_come_only_from_heldout_files(tmp_path):
-    from ddtree_cli.engine.train import is_heldout
+    from ddtree_cli.training.corpus import is_heldout
 
     names = [f"mod{i}.py" for i in range(200)]
     held = [n for n in names if is_heldout(n)]

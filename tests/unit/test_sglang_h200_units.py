@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_cli.deploy.units import read_unit
+
 HERE = Path(__file__).resolve().parents[2] / "benchmarks" / "sglang_h200"
 
 
@@ -128,7 +130,7 @@ def test_multinode_renders_one_unit_per_rank_with_its_gpu(tmp_path):
         assert argv[argv.index("--dist-init-addr") + 1] == "127.0.0.1:5000"
         assert unit["env"]["CUDA_VISIBLE_DEVICES"] == UUIDS[rank]
         assert unit["working_directory"] == f"{tmp_path}/deploy/current"
-        assert unit["argv"] == units.service.read_unit(unit["unit"]).argv
+        assert unit["argv"] == read_unit(unit["unit"]).argv
 
 
 def test_router_follows_the_replicas_it_routes_to(tmp_path):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_cli.deploy.sync import Releases, scan, sync
 from ddtree_cli.errors import RemoteError
 from ddtree_cli.remote.ssh import connect
-from ddtree_cli.remote.sync import Releases, scan, sync
 
 pytestmark = pytest.mark.nspawn
 

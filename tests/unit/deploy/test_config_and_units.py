@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_cli.config import load_deploy_config, load_inventory
-from ddtree_cli.errors import ConfigError
-from ddtree_cli.remote.ssh import HostSpec
-from ddtree_cli.service import (
+from ddtree_cli.deploy.config import load_deploy_config, load_inventory
+from ddtree_cli.deploy.units import (
     NodeRole,
     launch_argv,
     redact_env_file,
@@ -21,6 +19,8 @@ from ddtree_cli.service import (
     render_router_unit,
     render_unit,
 )
+from ddtree_cli.errors import ConfigError
+from ddtree_cli.remote.hostspec import HostSpec
 
 REPO = Path(__file__).resolve().parents[3]
 SGLANG_CFG = REPO / "configs/deploy.sglang.yaml"
@@ -104,7 +104,7 @@ def test_multinode_and_router_rendering():
     for rank, argv in enumerate(ranks):
         text = " ".join(argv)
         assert f"--nnodes 2 --node-rank {rank} --dist-init-addr 10.0.0.11:5000" in text
-    from ddtree_cli.config import RouterConfig
+    from ddtree_cli.deploy.config import RouterConfig
 
     unit = render_router_unit(cfg, RouterConfig(host="gpu1", port=30080),
                               ["http://10.0.0.11:30000", "http://10.0.0.12:30000"], "/p")
@@ -158,3 +158,21 @@ def test_cli_broken_inventory_is_one_line_with_file_and_line(tmp_path):
     assert result.stdout == ""
     assert re.search(rf"{re.escape(str(inv))}:\d+: invalid YAML.*at line 4\)", result.stderr)
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) <= 2
+
+
+def test_reading_a_deploy_config_and_an_inventory_loads_no_ssh_library():
+    # Config and unit rendering are pure: an operator's YAML is checked without paramiko.
+    code = (
+        "import sys\n"
+        "from ddtree_cli.deploy.config import load_deploy_config, load_inventory\n"
+        "from ddtree_cli.deploy.units import render_unit\n"
+        "from ddtree_cli.remote.hostspec import HostSpec\n"
+        f"cfg = load_deploy_config({str(REPO / 'configs/deploy.sglang.yaml')!r})\n"
+        f"load_inventory({str(REPO / 'configs/hosts.example.yaml')!r})\n"
+        "render_unit(cfg, HostSpec('gpu1'), 'ddtree', '/usr/bin/python3')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('paramiko', 'cryptography')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

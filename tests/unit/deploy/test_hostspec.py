@@ -7,7 +7,8 @@ import hmac
 import pytest
 
 from ddtree_cli.errors import RemoteError
-from ddtree_cli.remote.ssh import HostSpec, read_known_keys
+from ddtree_cli.remote.hostspec import HostSpec
+from ddtree_cli.remote.ssh import read_known_keys
 
 
 @pytest.mark.parametrize(
@@ -54,7 +55,7 @@ def test_known_hosts_plain_hashed_and_bracketed(tmp_path):
 
 
 def test_scan_skips_caches_vcs_and_secrets(tmp_path):
-    from ddtree_cli.remote.sync import diff_manifests, release_id, scan
+    from ddtree_cli.deploy.sync import diff_manifests, release_id, scan
 
     for rel in ("pkg/a.py", "pkg/__pycache__/a.cpython-311.pyc", ".git/config", ".env",
                 "pkg/.env.local", "deploy/server.pem", ".ddtree/state", "pkg/tool.sh",

@@ -10,10 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddtree_cli.config import MultiNodeConfig, RouterConfig, load_deploy_config
+from ddtree_cli.deploy.config import MultiNodeConfig, RouterConfig, load_deploy_config
+from ddtree_cli.deploy.units import (
+    NodeRole,
+    launch_argv,
+    read_unit,
+    render_router_unit,
+    render_unit,
+)
 from ddtree_cli.errors import ConfigError
-from ddtree_cli.remote.ssh import HostSpec
-from ddtree_cli.service import NodeRole, launch_argv, read_unit, render_router_unit, render_unit
+from ddtree_cli.remote.hostspec import HostSpec
 
 REPO = Path(__file__).resolve().parents[3]
 SGLANG_CFG = REPO / "configs/deploy.sglang.yaml"

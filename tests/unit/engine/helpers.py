@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_cli.engine.config import DraftConfig, TargetConfig
 from ddtree_cli.engine.decoding import Engine, generate
+from ddtree_cli.engine.model_config import DraftConfig, TargetConfig
 from ddtree_cli.engine.weights import ModelPair, random_pair
 
 TINY_TARGET = TargetConfig(

@@ -8,9 +8,9 @@ import shutil
 import pytest
 import torch
 
-from ddtree_cli.engine import train as T
 from ddtree_cli.engine.decoding import Engine, generate
 from ddtree_cli.engine.export import check_sglang_capturable
+from ddtree_cli.engine.tokenizer import EOS_ID, MASK_ID
 from ddtree_cli.engine.weights import (
     EMBEDDED_DIR,
     MANIFEST,
@@ -20,26 +20,31 @@ from ddtree_cli.engine.weights import (
     random_pair,
 )
 from ddtree_cli.errors import ConfigError
+from ddtree_cli.training.cli import main as train_main
+from ddtree_cli.training.corpus import Corpus, is_heldout
+from ddtree_cli.training.data import load_data
+from ddtree_cli.training.forwards import drafter_forward, target_forward
+from ddtree_cli.training.model_setup import CONFIGS, TINY_DRAFT, TINY_TARGET, load_target
 
 
 @pytest.fixture(scope="module")
 def corpus_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "corpus.npz"
-    assert T.main(["corpus", "--out", str(path), "--max-files", "12"]) == 0
+    assert train_main(["corpus", "--out", str(path), "--max-files", "12"]) == 0
     return path
 
 
 def test_corpus_records_version_files_and_a_stable_heldout_rule(corpus_file):
     import platform
 
-    corpus = T.Corpus.load(corpus_file)
+    corpus = Corpus.load(corpus_file)
     assert corpus.meta["python"] == platform.python_version()
     assert corpus.meta["files"] == len(corpus.names) == len(corpus.files)
     assert sum(corpus.heldout) >= 1 and not all(corpus.heldout)
     for name, held in zip(corpus.names, corpus.heldout, strict=True):
-        assert T.is_heldout(name) == bool(held)
+        assert is_heldout(name) == bool(held)
     # Tokens are the engine tokenizer's bytes; each file ends with EOS in the stream.
-    assert corpus.stream(True).tolist().count(T.EOS_ID) == int(sum(corpus.heldout))
+    assert corpus.stream(True).tolist().count(EOS_ID) == int(sum(corpus.heldout))
     assert max(int(f.max()) for f in corpus.files) < 256
 
 
@@ -49,10 +54,10 @@ def test_training_forwards_match_the_engines_decoding_forwards():
     round at that position."""
     torch.set_grad_enabled(False)
     try:
-        pair = random_pair(T.TINY_TARGET, T.TINY_DRAFT, seed=3)
+        pair = random_pair(TINY_TARGET, TINY_DRAFT, seed=3)
         tgt, dr = pair.target.eval(), pair.drafter.eval()
         ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(0))
-        hidden, feats = T.target_forward(tgt, ids, (0, 1))
+        hidden, feats = target_forward(tgt, ids, (0, 1))
         cache = tgt.new_cache(2, 64, "cpu", torch.float32)
         pos = torch.arange(40).expand(2, 40)
         mask = (pos.unsqueeze(-1) >= pos.unsqueeze(-2)).unsqueeze(1)
@@ -60,7 +65,7 @@ def test_training_forwards_match_the_engines_decoding_forwards():
         torch.testing.assert_close(hidden, hidden2)
         torch.testing.assert_close(feats, feats2)
         anchors = torch.tensor([[5, 20], [11, 0]])
-        logits, labels = T.drafter_forward(dr, tgt, ids, feats, anchors)
+        logits, labels = drafter_forward(dr, tgt, ids, feats, anchors)
         for b in range(2):
             for k in range(2):
                 a = int(anchors[b, k])
@@ -68,7 +73,7 @@ def test_training_forwards_match_the_engines_decoding_forwards():
                 p = torch.arange(a).unsqueeze(0)
                 if a:
                     dr.write_context(dcache, feats[b : b + 1, :a], p, p)
-                block = torch.full((1, 16), T.MASK_ID)
+                block = torch.full((1, 16), MASK_ID)
                 block[0, 0] = ids[b, a]
                 bpos = a + torch.arange(16).unsqueeze(0)
                 out = dr(tgt.embed(block), bpos, dcache, torch.tensor([a]), max(a, 1))
@@ -83,29 +88,29 @@ def test_every_stage_runs_end_to_end_and_writes_loadable_outputs(corpus_file, tm
     model, data, report = tmp_path / "model", tmp_path / "data", tmp_path / "eval.json"
     tiny = ["--config", "tiny", "--device", "cpu"]
     common = ["--corpus", str(corpus_file), *tiny]
-    assert T.main(["target", *common, "--out", str(model), "--target-steps", "3",
+    assert train_main(["target", *common, "--out", str(model), "--target-steps", "3",
                    "--batch", "4", "--seq", "64"]) == 0  # fmt: skip
-    assert T.load_target(model).config == T.TINY_TARGET
+    assert load_target(model).config == TINY_TARGET
     stats = json.loads((model / "target_stats.json").read_text())
     assert stats["steps"] == 3 and stats["heldout_perplexity"] > 1
-    assert T.main(["gendata", *common, "--model", str(model), "--out", str(data),
+    assert train_main(["gendata", *common, "--model", str(model), "--out", str(data),
                    "--gen-seqs", "6", "--gen-batch", "4", "--prompt-len", "16",
                    "--new-tokens", "40"]) == 0  # fmt: skip
-    gen = T.load_data(data)
+    gen = load_data(data)
     assert tuple(gen["tokens"].shape) == (6, 56) and gen["prompt_len"] == 16
     # The continuations are the target's own greedy ones (uncached full forward, fp32).
-    target = T.load_target(model).eval()
+    target = load_target(model).eval()
     with torch.no_grad():
-        hidden, _ = T.target_forward(target, gen["tokens"].long())
+        hidden, _ = target_forward(target, gen["tokens"].long())
     greedy = target.logits(hidden).argmax(-1)[:, 15:-1]
     assert greedy.tolist() == gen["tokens"][:, 16:].tolist()
-    assert T.main(["drafter", *tiny, "--data", str(data), "--model", str(model),
+    assert train_main(["drafter", *tiny, "--data", str(data), "--model", str(model),
                    "--drafter-steps", "3", "--drafter-batch", "2"]) == 0  # fmt: skip
     pair = load_pair(model)
     assert not pair.random_init
     manifest = json.loads((model / MANIFEST).read_text())
     assert manifest["training"]["drafter"]["steps"] == 3
-    assert T.main(["eval", *common, "--model", str(model), "--out", str(report),
+    assert train_main(["eval", *common, "--model", str(model), "--out", str(report),
                    "--eval-prompts", "2", "--eval-new", "12", "--ppl-windows", "4"]) == 0  # fmt: skip
     res = json.loads(report.read_text())
     assert res["weights_sha256"] == pair.weights_sha256
@@ -116,7 +121,7 @@ def test_every_stage_runs_end_to_end_and_writes_loadable_outputs(corpus_file, tm
     )
     # The pipeline can keep a trained target and redo only the drafter's stages.
     again = tmp_path / "again"
-    assert T.main(["pipeline", *common, "--target-from", str(model), "--out", str(again),
+    assert train_main(["pipeline", *common, "--target-from", str(model), "--out", str(again),
                    "--gen-seqs", "4", "--prompt-len", "16", "--new-tokens", "24",
                    "--drafter-steps", "2", "--drafter-batch", "2", "--eval-seconds", "0"]) == 0  # fmt: skip
     kept = load_pair(again)
@@ -129,7 +134,7 @@ def test_every_stage_runs_end_to_end_and_writes_loadable_outputs(corpus_file, tm
 
 def test_the_drafter_never_reads_the_targets_last_layer():
     """SGLang cannot capture the last layer's output, so an exported pair must not need it."""
-    target_cfg, draft_cfg = T.CONFIGS["small"]
+    target_cfg, draft_cfg = CONFIGS["small"]
     assert max(draft_cfg.target_layer_ids) < target_cfg.num_hidden_layers - 1
     shipped = load_embedded_pair()
     check_sglang_capturable(shipped.target.config, shipped.drafter.config)  # raises if not

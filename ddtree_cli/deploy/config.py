@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from ddtree_cli.errors import ConfigError
-from ddtree_cli.remote.ssh import HostSpec
+from ddtree_cli.remote.hostspec import HostSpec
 
 ALGOS = ("dflash", "ddtree")
 LAUNCH_KINDS = ("sglang", "embedded", "command")

@@ -1,4 +1,5 @@
-"""systemd units for a deployment: rendering (pure), installing, readiness.
+"""systemd units for a deployment, rendered from the config and read back (pure: no SSH,
+no I/O).
 
 The unit follows what works for GPU inference servers: ``Type=exec`` (SGLang sends no
 sd_notify), a long ``TimeoutStartSec`` (weights, CUDA graphs and JIT take minutes),
@@ -9,22 +10,17 @@ secrets in a 0600 ``EnvironmentFile``, no device or procfs sandboxing (it hides 
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import shlex
-import time
 from dataclasses import dataclass
 
-from ddtree_cli.config import DeployConfig, RouterConfig
-from ddtree_cli.errors import ConfigError, RemoteError
-from ddtree_cli.remote.ssh import Connection, HostSpec
+from ddtree_cli.deploy.config import DeployConfig, RouterConfig
+from ddtree_cli.errors import ConfigError
+from ddtree_cli.remote.hostspec import HostSpec
 
 UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/ddtree"
-
-
-# ---------------------------------------------------------------------------- rendering
 
 
 @dataclass(frozen=True)
@@ -230,137 +226,3 @@ def _unquote_words(value: str) -> list[str]:
                                   f"the commands ddtree deploy renders can be started by hand")
         words.append(word.replace("%%", "%").replace("$$", "$"))
     return words
-
-
-# ---------------------------------------------------------------------------- control
-
-
-def write_root_file(conn: Connection, path: str, text: str, mode: int = 0o644) -> None:
-    """Write a file as root atomically, created with ``mode`` before any content lands."""
-    script = ("import os,sys;p=sys.argv[1];m=int(sys.argv[2],8);t=p+'.tmp';"
-              "os.makedirs(os.path.dirname(p),exist_ok=True);"
-              "fd=os.open(t,os.O_WRONLY|os.O_CREAT|os.O_TRUNC,m);os.fchmod(fd,m);"
-              "os.write(fd,sys.stdin.buffer.read());os.fsync(fd);os.close(fd);os.replace(t,p)")
-    conn.run(["python3", "-c", script, path, oct(mode)[2:]], stdin=text, timeout=60, sudo=True,
-             check=True)
-
-
-def read_root_file(conn: Connection, path: str) -> str | None:
-    result = conn.run(["cat", path], timeout=60, sudo=True)
-    return result.stdout if result.ok else None
-
-
-def systemctl(conn: Connection, *args: str, check: bool = True, timeout: float = 120):
-    return conn.run(["systemctl", *args], timeout=timeout, sudo=True, check=check)
-
-
-def unit_state(conn: Connection, unit: str) -> dict[str, str]:
-    out = conn.run(["systemctl", "show", unit, "--property=ActiveState,SubState,NRestarts,"
-                    "ExecMainStatus,LoadState"], timeout=60)
-    return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
-
-
-def journal_tail(conn: Connection, unit: str, lines: int = 20, since: str | None = None) -> list[str]:
-    argv = ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"]
-    if since:
-        argv += ["--since", since]
-    out = conn.run(argv, timeout=60, sudo=True)
-    return [line for line in out.stdout.splitlines() if line.strip()]
-
-
-def host_now(conn: Connection) -> str:
-    """The host's clock, for ``journalctl --since`` (local and host clocks may disagree)."""
-    return conn.run(["date", "+%Y-%m-%d %H:%M:%S"], timeout=30, check=True).stdout.strip()
-
-
-# ---------------------------------------------------------------------------- readiness
-
-
-class NotReady(Exception):
-    """The service did not become ready; the message says why (one line)."""
-
-
-def http_request(conn: Connection, host: str, port: int, method: str, path: str,
-                 body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
-    """An HTTP request made from the host itself (through an SSH direct-tcpip channel), so a
-    server bound to the host's loopback is reachable without opening a port."""
-    target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    channel = conn.open_tunnel(target, port, timeout=timeout)
-    channel.settimeout(timeout)
-    try:
-        client = http.client.HTTPConnection(target, port, timeout=timeout)
-        client.sock = channel  # paramiko channels offer sendall/makefile like a socket
-        payload = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if payload else {}
-        client.request(method, path, body=payload, headers=headers)
-        response = client.getresponse()
-        return response.status, response.read().decode(errors="replace")
-    finally:
-        channel.close()
-
-
-def wait_ready(conn: Connection, cfg: DeployConfig, host: HostSpec, unit: str, *,
-               started_at: str | None, timeout: float | None = None,
-               note=lambda _msg: None) -> dict:
-    """Poll /health until 200 (503 means still starting), then run the canary /generate.
-
-    Fails fast when the unit dies or restarts instead of waiting out the timeout.
-    Returns the canary's ``meta_info``.
-    """
-    port = service_port(cfg, host)
-    deadline = time.monotonic() + (timeout or cfg.ready_timeout_s)
-    last = "no answer yet"
-    delay = 0.25
-    while True:
-        state = unit_state(conn, unit)
-        if state.get("ActiveState") == "failed" or state.get("SubState") == "auto-restart" \
-                or int(state.get("NRestarts", "0") or 0) > 0:
-            raise NotReady(f"{unit} exited (state {state.get('ActiveState')}/"
-                           f"{state.get('SubState')}, exit status {state.get('ExecMainStatus')})")
-        if state.get("ActiveState") not in ("active", "activating", "reloading", "deactivating"):
-            raise NotReady(f"{unit} is {state.get('ActiveState')}")
-        try:
-            status, _ = http_request(conn, cfg.service_host, port, "GET", "/health", timeout=30)
-            if status == 200:
-                break
-            last = f"/health answered {status}"
-            note(f"starting ({last})")
-        except (ConnectionRefusedError, OSError, http.client.HTTPException) as exc:
-            last = f"port {port} not answering ({type(exc).__name__})"
-        except RemoteError:
-            raise
-        if time.monotonic() > deadline:
-            raise NotReady(f"not ready after {timeout or cfg.ready_timeout_s:.0f} s: {last}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
-    return canary(conn, cfg, host)
-
-
-def canary(conn: Connection, cfg: DeployConfig, host: HostSpec) -> dict:
-    body = {"text": cfg.canary_prompt,
-            "sampling_params": {"max_new_tokens": cfg.canary_tokens, "temperature": 0,
-                                "ignore_eos": True}}
-    try:
-        status, text = http_request(conn, cfg.service_host, service_port(cfg, host), "POST",
-                                    "/generate", body, timeout=max(60.0, cfg.ready_timeout_s))
-    except (OSError, http.client.HTTPException) as exc:
-        raise NotReady(f"canary /generate failed: {exc}") from exc
-    if status != 200:
-        raise NotReady(f"canary /generate answered {status}: {text[:200]}")
-    try:
-        answer = json.loads(text)
-        meta = answer["meta_info"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise NotReady(f"canary /generate answered something that is not SGLang's format: "
-                       f"{text[:200]}") from exc
-    tokens = meta.get("completion_tokens", 0)
-    if tokens < min(16, cfg.canary_tokens):
-        raise NotReady(f"canary generated {tokens} tokens, expected {cfg.canary_tokens}")
-    if cfg.speculative and not meta.get("spec_verify_ct"):
-        raise NotReady("canary ran without speculative decoding (meta_info.spec_verify_ct is "
-                       f"{meta.get('spec_verify_ct')!r})")
-    return meta
-
-
-def describe_argv(argv: list[str]) -> str:
-    return shlex.join(argv)

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddtree_cli.deploy import release_helper
 from ddtree_cli.errors import ConfigError, RemoteError
-from ddtree_cli.remote import release_helper
 from ddtree_cli.remote.ssh import Connection
 
 DEFAULT_EXCLUDES = (
