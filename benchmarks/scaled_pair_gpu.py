@@ -50,7 +50,7 @@ def heldout_prompts(count: int, length: int) -> list[list[int]]:
     import sysconfig
 
     from ddtree_cli.engine.tokenizer import ByteTokenizer
-    from ddtree_cli.engine.train import is_heldout
+    from ddtree_cli.training.corpus import is_heldout
 
     root = Path(sysconfig.get_paths()["stdlib"])
     tok, per_file = ByteTokenizer(), []

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ddtree_cli.engine.config import DraftConfig, TargetConfig, check_pair
+from ddtree_cli.engine.model_config import DraftConfig, TargetConfig, check_pair
 from ddtree_cli.engine.weights import ModelPair
 from ddtree_cli.errors import ConfigError
 
