@@ -604,6 +604,7 @@ class Validation:
         self.progress["done"][step] = {"at_s": round(time.monotonic() - self.t0, 1),
                                        "call": self.progress["calls"], **facts}  # fmt: skip
         self.save()
+        print(json.dumps({"step": step, **self.progress["done"][step]})[:1500], flush=True)
 
     def save(self) -> None:
         self.progress_file.write_text(json.dumps(self.progress, indent=1))
