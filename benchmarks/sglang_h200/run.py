@@ -663,6 +663,50 @@ def pack_results(folder: Path, dest: Path, limit: int = 15 * MIB) -> None:
             return
 
 
+# The modules a server imports on its way up, each tried on its own, so that one call names
+# every package a bundle lacks (a server's log shows only the first).
+SERVER_MODULES = ("sglang.srt.entrypoints.http_server", "sglang.srt.managers.scheduler",
+                  "sglang.srt.managers.detokenizer_manager", "sglang.srt.model_executor.model_runner",
+                  "sglang.srt.models.qwen3", "sglang.srt.models.dflash",
+                  "sglang.srt.layers.attention.triton_backend",
+                  "sglang.srt.speculative.dflash_worker_v2", "sglang.srt.speculative.dflash_worker",
+                  "sglang.srt.speculative.ddtree_worker_v2", "sglang.srt.speculative.ddtree_worker")  # fmt: skip
+IMPORT_CHECK = """
+import importlib, importlib.util, json, sys
+out = {}
+try:  # the package first: if it fails, the children it imported stay half-registered
+    import sglang
+except Exception as exc:
+    print(json.dumps({"sglang": f"{type(exc).__name__}: {exc}"[:300]}))
+    sys.exit()
+for name in sys.argv[1:]:
+    try:
+        if importlib.util.find_spec(name) is None:
+            continue  # the other layout's module
+        importlib.import_module(name)
+        out[name] = "ok"
+    except Exception as exc:
+        out[name] = f"{type(exc).__name__}: {exc}"[:300]
+print(json.dumps(out))
+"""
+
+
+def import_check(state: Path, modules: tuple[str, ...] = SERVER_MODULES,
+                 timeout: float = 180) -> dict:  # fmt: skip
+    """Import each of ``modules`` that the snapshot has, in one process; module -> "ok" or
+    the error (only ``sglang`` when the package itself fails)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", IMPORT_CHECK, *modules],
+                              env=server_env(state), capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"error": f"no answer in {timeout:.0f} s"}
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": proc.stderr[-1500:]}
+
+
 def validation_servers(state: Path, args, c: dict) -> dict[str, tuple[int, list[str]]]:
     """name -> (port, command): plain, DFLASH and, for a patched bundle, one DDTREE server
     per budget (ports base + 2, base + 3, ...), all with the same flags but the algorithm."""
@@ -709,17 +753,21 @@ def cmd_validate(args) -> int:
         if pidfile.is_file() and alive(int(pidfile.read_text())):
             continue
         if name in v.progress["started"]:
-            return v.finish(f"failed: server {name} exited (see results/logs/{name}.log)", 1)
+            return v.finish(exited(state, name), 1)
         start_server(state, name, cmd)
         v.progress["started"][name] = time.time()
         v.save()
     # While the servers start: each refused launch exits during argument handling.
+    if not v.done("imports"):
+        checked = import_check(state)
+        v.write("imports.json", checked)
+        v.record("imports", failed=sorted(m for m, r in checked.items() if r != "ok"))
     if c.get("patched", True) and not v.done("refusals") and v.fits("refusals"):
         refusals_step(v)
     while not all(healthy(port) for port, _ in servers.values()):
         for name in servers:
             if not alive(int((state / f"{name}.pid").read_text())):
-                return v.finish(f"failed: server {name} exited (see results/logs/{name}.log)", 1)
+                return v.finish(exited(state, name), 1)
         if v.left() < 30:
             return v.finish("incomplete: servers still starting (left running)", 3,
                             ["healthy", *plan_steps(args, c)])  # fmt: skip
@@ -754,6 +802,12 @@ def cmd_validate(args) -> int:
             v.record(step, returncode=code)
         todo.remove(step)
     return v.finish("done", 0)
+
+
+def exited(state: Path, name: str) -> str:
+    log = state / "logs" / f"{name}.log"
+    tail = log.read_text(errors="replace")[-1200:] if log.is_file() else ""
+    return f"failed: server {name} exited (results/logs/{name}.log ends: {tail})"
 
 
 def refusals_step(v: Validation) -> None:

@@ -445,3 +445,29 @@ def test_results_pack_under_the_limit_dropping_records_then_logs(tmp_path):
         with tarfile.open(dest) as tar:
             files = [m.name for m in tar.getmembers() if m.isfile()]
         assert len(files) == kept and "results/agree.json" in files
+
+
+def test_the_import_check_names_every_missing_package(tmp_path):
+    """Run for real in a subprocess over a snapshot laid out like SGLang's."""
+    snap = tmp_path / "bundle" / "snapshot" / "sglang"
+    for rel, body in {"__init__.py": "", "srt/__init__.py": "",
+                      "srt/entrypoints/__init__.py": "", "srt/managers/__init__.py": "",
+                      "srt/entrypoints/http_server.py": "import ddtree_missing_a\n",
+                      "srt/managers/scheduler.py": "import json\n",
+                      "srt/managers/detokenizer_manager.py": "import ddtree_missing_b\n",
+                      }.items():  # fmt: skip
+        (snap / rel).parent.mkdir(parents=True, exist_ok=True)
+        (snap / rel).write_text(body)
+    mods = ("sglang.srt.entrypoints.http_server", "sglang.srt.managers.scheduler",
+            "sglang.srt.managers.detokenizer_manager", "sglang.srt.managers.dflash_worker_v2")  # fmt: skip
+    out = run.import_check(tmp_path, mods)
+    assert out == {
+        "sglang.srt.entrypoints.http_server": "ModuleNotFoundError: No module named "
+        "'ddtree_missing_a'",
+        "sglang.srt.managers.scheduler": "ok",
+        "sglang.srt.managers.detokenizer_manager": "ModuleNotFoundError: No module named "
+        "'ddtree_missing_b'",
+    }  # the other layout's module is skipped, not reported
+    (snap / "__init__.py").write_text("import ddtree_missing_c\n")
+    assert run.import_check(tmp_path, mods) == {
+        "sglang": "ModuleNotFoundError: No module named 'ddtree_missing_c'"}  # fmt: skip

@@ -204,7 +204,7 @@ def test_validate_runs_the_whole_sequence_over_calls(tmp_path):
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         status = json.loads((out / "status.json").read_text())
         assert status["status"] == "done", status
-        expected = {"install", "refusals", "healthy", "generate", "agree",
+        expected = {"install", "imports", "refusals", "healthy", "generate", "agree",
                     "bench-n15-c1", "bench-n64-c1"}  # fmt: skip
         assert set(status["done"]) == expected
         results = tmp_path / "results"
