@@ -726,7 +726,17 @@ def validation_servers(state: Path, args, c: dict) -> dict[str, tuple[int, list[
 
 def cmd_validate(args) -> int:
     v = Validation(args)
-    state = v.state
+    try:
+        return validate(v)
+    except Exception as exc:  # whatever broke, the results so far still go back
+        import traceback
+
+        traceback.print_exc()
+        return v.finish(f"failed: {type(exc).__name__}: {str(exc)[:800]}", 1)
+
+
+def validate(v: Validation) -> int:
+    args, state = v.args, v.state
     if not (state / "bundle" / ".complete").is_file():
         if args.pieces:
             code, got = receive(state, args.pieces)
@@ -783,25 +793,40 @@ def cmd_validate(args) -> int:
         kind = step if not step.startswith("bench") else f"bench-c{step.rsplit('-c', 1)[1]}"
         if not v.fits(step, kind):
             return v.finish(f"incomplete: {len(todo)} steps left; call again", 3, todo)
-        if step == "refusals":
-            refusals_step(v)
-        elif step == "generate":
-            out = {n: [generate_check(port, b, 32, args.vocab, True) for b in (1, 4)]
-                   for n, port in spec.items()}  # fmt: skip
-            v.write("generate.json", out)
-            v.record(step, ok=all(r["ok"] for rs in out.values() for r in rs))
-        elif step == "agree":
-            rows = load_rows(state, args.prompt_file, args.agree_prompts, args.prompt_len,
-                             args.vocab, seed=1)  # fmt: skip
-            report = agreement(rows, args.max_new, spec, PORTS["plain"])
-            v.write("agree.json", report)
-            v.record(step, summary=agreement_line(report))
-        else:
-            budget, conc = step.removeprefix("bench-n").split("-c")
-            code = run_bench_step(v, servers[f"ddtree-n{budget}"][0], conc, step)
-            v.record(step, returncode=code)
+        try:
+            if not run_step(v, step, servers, spec):
+                return v.finish(f"incomplete: {step} cut at the call's end; call again", 3, todo)
+        except (RuntimeError, OSError, ValueError, KeyError) as exc:  # a server's answer
+            v.record(step, error=f"{type(exc).__name__}: {str(exc)[:800]}")
         todo.remove(step)
-    return v.finish("done", 0)
+    failed = sorted(n for n, d in v.progress["done"].items() if "error" in d)
+    return v.finish("done" if not failed else f"done, with errors in {', '.join(failed)}",
+                    0 if not failed else 1)  # fmt: skip
+
+
+def run_step(v: Validation, step: str, servers: dict, spec: dict[str, int]) -> bool:
+    """Run one step and record it; False when it was cut short by the call's end."""
+    args, state = v.args, v.state
+    if step == "refusals":
+        refusals_step(v)
+    elif step == "generate":
+        out = {n: [generate_check(port, b, 32, args.vocab, True) for b in (1, 4)]
+               for n, port in spec.items()}  # fmt: skip
+        v.write("generate.json", out)
+        v.record(step, ok=all(r["ok"] for rs in out.values() for r in rs))
+    elif step == "agree":
+        rows = load_rows(state, args.prompt_file, args.agree_prompts, args.prompt_len,
+                         args.vocab, seed=1)  # fmt: skip
+        report = agreement(rows, args.max_new, spec, PORTS["plain"])
+        v.write("agree.json", report)
+        v.record(step, summary=agreement_line(report))
+    else:
+        budget, conc = step.removeprefix("bench-n").split("-c")
+        code = run_bench_step(v, servers[f"ddtree-n{budget}"][0], conc, step)
+        if code == 124:
+            return False
+        v.record(step, returncode=code)
+    return True
 
 
 def exited(state: Path, name: str) -> str:

@@ -471,3 +471,21 @@ def test_the_import_check_names_every_missing_package(tmp_path):
     (snap / "__init__.py").write_text("import ddtree_missing_c\n")
     assert run.import_check(tmp_path, mods) == {
         "sglang": "ModuleNotFoundError: No module named 'ddtree_missing_c'"}  # fmt: skip
+
+
+def test_validate_reports_a_failed_install_and_still_writes_its_results(tmp_path):
+    """An unpacked bundle whose SGLang does not import: the call ends with the reason, the
+    status and the results tar written, and nothing started."""
+    bundle = tmp_path / "state" / "bundle"
+    (bundle / "snapshot" / "sglang").mkdir(parents=True)
+    (bundle / "snapshot" / "sglang" / "__init__.py").write_text("import ddtree_missing_d\n")
+    (bundle / "contents.json").write_text(json.dumps({"sglang": "0.5.17", "patched": True}))
+    (bundle / ".complete").write_text("x\n")
+    out = tmp_path / "out"
+    code = run.main(["--state", str(tmp_path / "state"), "validate", "--out", str(out)])
+    assert code == 1
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"].startswith("failed: install") and "ddtree_missing_d" in status["status"]
+    with tarfile.open(out / "results.tgz") as tar:
+        assert "results/progress.json" in tar.getnames()
+    assert not list((tmp_path / "state").glob("*.pid"))
