@@ -31,9 +31,10 @@ STATE=${DDTREE_H200_STATE:-/tmp/ddtree-h200}
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 RUN=(python3 "$REPO/benchmarks/sglang_h200/run.py" --state "$STATE")
 BROKEN="$STATE/broken-kernel"
-SERVING_PATH="$REPO:$STATE/bundle/snapshot:$STATE/site"
-BROKEN_PATH="$REPO:$STATE/bundle/snapshot:$BROKEN:$STATE/site"
-PORTS=(--port 30000 --port 30001 --port 30002)
+SERVING_PATH="$REPO:$STATE/bundle/snapshot:$STATE/bundle/site:$STATE/site"
+BROKEN_PATH="$REPO:$STATE/bundle/snapshot:$BROKEN:$STATE/bundle/site:$STATE/site"
+# the servers' ports (run.py serve: 30000-30002; run.py validate adds 30003 for a 2nd budget)
+read -r -a PORTS <<<"$(printf -- '--port %s ' ${DOCTOR_PORTS:-30000 30001 30002})"
 mkdir -p "$OUT"
 
 summary() {  # NAME EXIT: one line with the failing and warning checks
@@ -118,7 +119,8 @@ for phase in $PHASES; do
         fi
         # The fix's own pip line, offline (the bundle's wheels) and aimed at the folder that
         # holds the broken copy: that copy is the one `import sgl_kernel` finds first.
-        python3 -m pip install -q --no-index --find-links "$STATE/bundle/wheels" --no-deps \
+        python3 -m pip install -q --no-index --find-links "$STATE/bundle/extra" \
+            --find-links "$STATE/bundle/wheels" --no-deps \
             --upgrade --target "$BROKEN" "$pin"
         doctor repaired "$BROKEN_PATH" "${PORTS[@]}" ;;
     stop)

@@ -66,7 +66,7 @@ def test_pieces_arrive_one_by_one_and_reassemble(tmp_path):
 
 def test_a_corrupted_piece_is_refused(tmp_path):
     pieces = _bundle(tmp_path)
-    bad = pieces / "bundle.tgz.001"
+    bad = pieces / "bundle.tar.001"
     data = bytearray(bad.read_bytes())
     data[100] ^= 0xFF
     bad.write_bytes(bytes(data))
@@ -241,3 +241,251 @@ def test_profile_step_drives_sglangs_profiler_api(tmp_path, monkeypatch):
     assert seen["/generate"]["sampling_params"]["max_new_tokens"] == 8
     (summary,) = json.loads((tmp_path / "prof" / "summary-ddtree.json").read_text())
     assert summary["kernel"]["top"] == [{"name": "tree_kernel", "total_us": 12.0, "count": 4}]
+
+
+# --- one bundle per SGLang release (--sglang) ----------------------------------------------
+
+
+@pytest.mark.parametrize("version", sorted(prepare.PIN_LISTS))
+def test_each_release_pins_exact_unique_wheels_and_itself(version):
+    pins = prepare.release_pins(version)
+    names = [p.split("==")[0].lower().replace("_", "-") for p in pins]
+    assert all("==" in p for p in pins) and len(names) == len(set(names))
+    assert f"sglang=={version}" in pins
+
+
+def test_the_017_list_carries_the_kernels_that_release_asserts():
+    pins = prepare.release_pins("0.5.17")
+    for pin in ("sglang-kernel==0.4.5", "flashinfer-python==0.6.15.post1",
+                "transformers==5.12.1", "apache-tvm-ffi==0.1.11"):  # fmt: skip
+        assert pin in pins
+    assert not any(p.startswith(("paramiko==", "cryptography==")) for p in pins)
+
+
+def test_a_release_without_a_list_is_refused_before_any_work(tmp_path):
+    with pytest.raises(SystemExit, match=r"no wheel list for SGLang 0\.5\.99 \(have: 0\.5\.13"):
+        prepare.main(["--sglang", "0.5.99", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+# Pins that knowingly differ from the release's own: the 0.5.13 list was measured on an H200
+# with soundfile 0.14.0 (0.5.13 pins 0.13.1; soundfile is imported by the realtime/ASR routes
+# only), and is kept as it was measured.
+OFF_PIN = {("0.5.13", "soundfile")}
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("version", sorted(prepare.PIN_LISTS))
+def test_pins_satisfy_the_release_requirements(version):
+    """Every wheel we pin that the release's own METADATA requires (Requires-Dist of the real
+    wheel, markers evaluated for CPython 3.12 on Linux x86_64) is a version it accepts."""
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    from ddtree_cli.errors import DdtreeError
+    from ddtree_cli.patching import fetch
+    from tests.conftest import require
+
+    try:
+        wheel = fetch.download_wheel(version)
+    except DdtreeError as exc:
+        require(False, f"cannot download sglang {version}: {exc}")
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA")))
+    env = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+           "platform_machine": "x86_64", "platform_system": "Linux", "extra": ""}  # fmt: skip
+    ours = dict(p.lower().replace("_", "-").split("==") for p in prepare.release_pins(version))
+    checked = 0
+    for line in meta.decode().splitlines():
+        if not line.startswith("Requires-Dist: "):
+            continue
+        req = Requirement(line.removeprefix("Requires-Dist: "))
+        name = req.name.lower().replace("_", "-")
+        if (req.marker and not req.marker.evaluate(env)) or name not in ours:
+            continue
+        if (version, name) in OFF_PIN:
+            assert not req.specifier.contains(ours[name])  # still off: keep the note true
+            continue
+        assert req.specifier.contains(ours[name], prereleases=True), (name, ours[name], req)
+        checked += 1
+    assert checked >= 15  # sglang-kernel, flashinfer, transformers, xgrammar, openai, ...
+
+
+def _zip(path: Path, members: dict[str, bytes]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+        record = "".join(f"{n},sha256=x,{len(d)}\n" for n, d in members.items())
+        z.writestr(f"{path.name.split('-')[0]}-{path.name.split('-')[1]}.dist-info/RECORD", record)
+    return path
+
+
+def test_bundle_wheels_drop_what_is_never_loaded_and_slim_the_kernel_on_request(tmp_path):
+    """Wheels laid out as sglang-kernel 0.4.5 and xgrammar 0.2.1 are (members listed from the
+    real wheels; tiny contents)."""
+    import zipfile
+
+    kernel = _zip(tmp_path / "sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl", {
+        "sgl_kernel/__init__.py": b"", "sgl_kernel/sm90/common_ops.abi3.so": b"90",
+        "sgl_kernel/sm100/common_ops.abi3.so": b"100", "sgl_kernel/flash_ops.abi3.so": b"fa3",
+        "sgl_kernel/flashmla_ops.abi3.so": b"mla", "sgl_kernel/spatial_ops.abi3.so": b"sp",
+        "sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so": b"inf"})  # fmt: skip
+    xgrammar = _zip(tmp_path / "xgrammar-0.2.1-cp312-cp312-manylinux_2_28_x86_64.whl", {
+        "xgrammar/__init__.py": b"", "xgrammar/libxgrammar_bindings.so": b"b",
+        "xgrammar/lib/libxgrammar.a": b"static"})  # fmt: skip
+    other = _zip(tmp_path / "dill-0.4.1-py3-none-any.whl", {"dill/__init__.py": b""})
+
+    def members(wheel):
+        with zipfile.ZipFile(wheel) as z:
+            return {n for n in z.namelist() if not n.endswith("RECORD")}
+
+    full = prepare.bundle_wheels([kernel, xgrammar, other], tmp_path / "w1", slim_kernel=False)
+    assert full[0] == kernel and full[2] == other  # nothing to drop: used as downloaded
+    assert members(full[1]) == {"xgrammar/__init__.py", "xgrammar/libxgrammar_bindings.so"}
+    slim = prepare.bundle_wheels([kernel, xgrammar, other], tmp_path / "w2", slim_kernel=True)
+    assert members(slim[0]) == {"sgl_kernel/__init__.py", "sgl_kernel/sm90/common_ops.abi3.so",
+                                "sgl_kernel/spatial_ops.abi3.so"}  # fmt: skip
+    assert slim[0].name == kernel.name
+
+
+def test_the_tar_holds_contents_site_snapshot_and_a_client_without_weights(tmp_path):
+    site, snap, ckpt = tmp_path / "site", tmp_path / "snap", tmp_path / "ckpt" / "trained"
+    (site / "dill").mkdir(parents=True)
+    (site / "dill" / "__init__.py").write_text("")
+    (site / ".complete").write_text("")
+    (snap / "sglang").mkdir(parents=True)
+    (snap / "sglang" / "__init__.py").write_text("")
+    (snap / "sglang-0.5.17.dist-info").mkdir()
+    (snap / "tools").mkdir()  # another top-level folder of the wheel: not packed
+    (ckpt / "target").mkdir(parents=True)
+    contents = {"sglang": "0.5.17", "patched": True, "checkpoints": ["trained"]}
+    tar_path = tmp_path / "bundle.tar.xz"
+    prepare.build_tar(tar_path, site, snap, [ckpt], contents)
+    with tarfile.open(tar_path, "r:xz") as tar:
+        names = tar.getnames()
+        packed = json.load(tar.extractfile("contents.json"))
+    assert packed == contents
+    assert "site/dill/__init__.py" in names and "site/.complete" not in names
+    assert "snapshot/sglang/__init__.py" in names and "snapshot/sglang-0.5.17.dist-info" in names
+    assert not any(n.startswith("snapshot/tools") for n in names)
+    assert "client/ddtree_cli/bench/runner.py" in names and "run.py" in names
+    assert not any(n.startswith("client/ddtree_cli/engine/embedded") for n in names)
+    state = tmp_path / "state"
+    (state / "bundle").mkdir(parents=True)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(state / "bundle", filter="data")
+    assert run.contents(state) == contents
+
+
+def test_contents_default_to_the_bundles_before_the_file(tmp_path):
+    assert run.contents(tmp_path) == {"sglang": "0.5.13", "patched": True}
+
+
+@pytest.mark.parametrize(("version", "flag"), [("0.5.13", "--cuda-graph-max-bs"),
+                         ("0.5.14", "--cuda-graph-max-bs-decode"),
+                         ("0.5.17", "--cuda-graph-max-bs-decode")])  # fmt: skip
+def test_the_graph_flag_follows_the_release(tmp_path, version, flag):
+    cmds = {arm: run.server_cmd(tmp_path, arm, "trained", None, 64 if arm == "ddtree" else None,
+                                30000, 0.2, 8, [], version)
+            for arm in ("plain", "dflash", "ddtree")}  # fmt: skip
+    for cmd in cmds.values():
+        assert cmd[cmd.index(flag) + 1] == "8"
+        assert "--cuda-graph-max-bs" not in cmd or flag == "--cuda-graph-max-bs"
+        assert "--disable-overlap-schedule" in cmd  # DDTREE refuses overlap; every arm alike
+    swapped = [("DFLASH" if a == "DDTREE" else a) for a in cmds["ddtree"][:-2]]
+    assert cmds["dflash"] == swapped
+
+
+def _validate_args(**kw):
+    import argparse
+
+    base = {"ckpt": "trained", "block": None, "budgets": [15, 64], "concurrency": ["1", "8"],
+            "mem_fraction": 0.18, "max_bs": 8}  # fmt: skip
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_validation_serves_one_ddtree_per_budget_beside_plain_and_dflash(tmp_path):
+    c = {"sglang": "0.5.17", "patched": True}
+    servers = run.validation_servers(tmp_path, _validate_args(), c)
+    assert list(servers) == ["plain", "dflash", "ddtree-n15", "ddtree-n64"]
+    ports = [port for port, _ in servers.values()]
+    assert ports == [run.PORTS["plain"] + i for i in range(4)]
+    assert ports[:3] == [run.PORTS["plain"], run.PORTS["dflash"], run.PORTS["ddtree"]]
+    def masked(cmd, port):
+        return ["PORT" if a == str(port) else a for a in cmd]
+
+    plain = masked(servers["plain"][1], ports[0])
+    for name, (port, cmd) in servers.items():
+        # The same flags but the port, the algorithm and its budget (after plain's flags).
+        assert masked(cmd, port)[: len(plain)] == plain
+        if name.startswith("ddtree"):
+            assert cmd[-2:] == ["--speculative-ddtree-budget", name.removeprefix("ddtree-n")]
+    assert run.plan_steps(_validate_args(), c) == [
+        "generate", "agree", "bench-n15-c1", "bench-n15-c8", "bench-n64-c1", "bench-n64-c8"]  # fmt: skip
+    stock = {"sglang": "0.5.17", "patched": False}
+    assert list(run.validation_servers(tmp_path, _validate_args(), stock)) == ["plain", "dflash"]
+    assert run.plan_steps(_validate_args(), stock) == ["generate", "agree"]
+
+
+def test_results_pack_under_the_limit_dropping_records_then_logs(tmp_path):
+    import os
+
+    folder = tmp_path / "results"
+    (folder / "bench-n64-c1").mkdir(parents=True)
+    (folder / "logs").mkdir()
+    (folder / "agree.json").write_text("{}")
+    (folder / "bench-n64-c1" / "requests.jsonl").write_bytes(os.urandom(300_000))
+    (folder / "logs" / "plain.log").write_bytes(os.urandom(300_000))
+    dest = tmp_path / "results.tgz"
+    for limit, kept in ((10 << 20, 3), (400_000, 2), (100_000, 1)):
+        run.pack_results(folder, dest, limit)
+        with tarfile.open(dest) as tar:
+            files = [m.name for m in tar.getmembers() if m.isfile()]
+        assert len(files) == kept and "results/agree.json" in files
+
+
+def test_the_import_check_names_every_missing_package(tmp_path):
+    """Run for real in a subprocess over a snapshot laid out like SGLang's."""
+    snap = tmp_path / "bundle" / "snapshot" / "sglang"
+    for rel, body in {"__init__.py": "", "srt/__init__.py": "",
+                      "srt/entrypoints/__init__.py": "", "srt/managers/__init__.py": "",
+                      "srt/entrypoints/http_server.py": "import ddtree_missing_a\n",
+                      "srt/managers/scheduler.py": "import json\n",
+                      "srt/managers/detokenizer_manager.py": "import ddtree_missing_b\n",
+                      }.items():  # fmt: skip
+        (snap / rel).parent.mkdir(parents=True, exist_ok=True)
+        (snap / rel).write_text(body)
+    mods = ("sglang.srt.entrypoints.http_server", "sglang.srt.managers.scheduler",
+            "sglang.srt.managers.detokenizer_manager", "sglang.srt.managers.dflash_worker_v2")  # fmt: skip
+    out = run.import_check(tmp_path, mods)
+    assert out == {
+        "sglang.srt.entrypoints.http_server": "ModuleNotFoundError: No module named "
+        "'ddtree_missing_a'",
+        "sglang.srt.managers.scheduler": "ok",
+        "sglang.srt.managers.detokenizer_manager": "ModuleNotFoundError: No module named "
+        "'ddtree_missing_b'",
+    }  # the other layout's module is skipped, not reported
+    (snap / "__init__.py").write_text("import ddtree_missing_c\n")
+    assert run.import_check(tmp_path, mods) == {
+        "sglang": "ModuleNotFoundError: No module named 'ddtree_missing_c'"}  # fmt: skip
+
+
+def test_validate_reports_a_failed_install_and_still_writes_its_results(tmp_path):
+    """An unpacked bundle whose SGLang does not import: the call ends with the reason, the
+    status and the results tar written, and nothing started."""
+    bundle = tmp_path / "state" / "bundle"
+    (bundle / "snapshot" / "sglang").mkdir(parents=True)
+    (bundle / "snapshot" / "sglang" / "__init__.py").write_text("import ddtree_missing_d\n")
+    (bundle / "contents.json").write_text(json.dumps({"sglang": "0.5.17", "patched": True}))
+    (bundle / ".complete").write_text("x\n")
+    out = tmp_path / "out"
+    code = run.main(["--state", str(tmp_path / "state"), "validate", "--out", str(out)])
+    assert code == 1
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"].startswith("failed: install") and "ddtree_missing_d" in status["status"]
+    with tarfile.open(out / "results.tgz") as tar:
+        assert "results/progress.json" in tar.getnames()
+    assert not list((tmp_path / "state").glob("*.pid"))

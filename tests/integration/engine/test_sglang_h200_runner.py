@@ -1,38 +1,49 @@
-"""benchmarks/sglang_h200/run.py's `agree` and `bench` steps against real servers on loopback.
+"""benchmarks/sglang_h200/run.py's `agree`, `bench` and `validate` steps against real servers
+on loopback.
 
 The servers are the embedded engine (`python -m ddtree_cli.engine`), which speaks the part of
 SGLang's HTTP API these steps use (``/generate`` with ``input_ids``, ``/health``,
 ``/server_info``); SGLang itself needs a GPU. The engine is lossless in float32, so every
 DFLASH and DDTREE output must equal the plain (autoregressive) server's.
+
+For `validate`, a bundle made by prepare.py's own ``build_tar`` + ``split`` carries a stand-in
+``sglang.launch_server`` (SGLang cannot serve here): it reads the flags run.py passes and
+becomes the embedded engine with the matching algorithm and budget, and it exits 1 with
+``_handle_ddtree``'s message prefixes for the three refused flag sets (the patch's real
+refusals are tested against SGLang's own launcher in tests/patch/test_launcher_refusals.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from ddtree_cli.engine.export import export_pair, random_export_pair
+
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]
 RUN = REPO / "benchmarks" / "sglang_h200" / "run.py"
 
 
-def _free_base() -> int:
-    """Three consecutive free ports (run.py uses base, base + 1, base + 2)."""
+def _free_base(count: int = 3) -> int:
+    """``count`` consecutive free ports (run.py uses base, base + 1, base + 2, ...)."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base = s.getsockname()[1]
         socks = []
         try:
-            for port in (base, base + 1, base + 2):
+            for port in range(base, base + count):
                 sock = socket.socket()
                 socks.append(sock)
                 sock.bind(("127.0.0.1", port))
@@ -42,7 +53,7 @@ def _free_base() -> int:
         finally:
             for sock in socks:
                 sock.close()
-    raise RuntimeError("no three consecutive free ports")
+    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +84,8 @@ def servers(tmp_path_factory):
             p.wait(timeout=30)
 
 
-def _run(base: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DDTREE_H200_PORT_BASE": str(base)}
+def _run(base: int, *args: str, cwd: Path, **env_extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DDTREE_H200_PORT_BASE": str(base), **env_extra}
     return subprocess.run([sys.executable, str(RUN), "--state", str(cwd / "state"), *args],
                           capture_output=True, text=True, env=env, cwd=cwd, timeout=600)  # fmt: skip
 
@@ -96,3 +107,130 @@ def test_bench_step_runs_ddtree_bench_against_the_three_servers(servers, tmp_pat
     summary = json.loads(proc.stdout)
     assert summary["lossless"]["mismatches"] == [] and summary["lossless"]["compared"] > 0
     assert "ci95" in summary["comparison"]["output_tok_s"]
+
+
+# The stand-in for SGLang's launcher (see the module docstring).
+LAUNCH_SERVER = """
+import argparse, json, os, sys
+from pathlib import Path
+p = argparse.ArgumentParser()
+for flag in ("--port", "--model-path", "--speculative-algorithm", "--speculative-ddtree-budget",
+             "--page-size", "--attention-backend", "--cuda-graph-max-bs-decode"):
+    p.add_argument(flag)
+a, _ = p.parse_known_args()
+algo = (a.speculative_algorithm or "ar").lower()
+if algo == "ddtree":
+    config = json.loads((Path(a.model_path) / "config.json").read_text())
+    if a.page_size != "1":
+        sys.exit("ValueError: DDTREE requires --page-size 1")
+    if a.attention_backend != "triton":
+        sys.exit("ValueError: DDTREE requires --attention-backend triton or flashinfer")
+    if config.get("model_type") == "qwen3_next":
+        sys.exit("ValueError: DDTREE refuses hybrid target models")
+assert a.cuda_graph_max_bs_decode, "run.py passes 0.5.17's graph flag"
+cmd = [sys.executable, "-m", "ddtree_cli.engine", "--algo", algo, "--port", a.port]
+if a.speculative_ddtree_budget:
+    cmd += ["--budget", a.speculative_ddtree_budget]
+os.execv(sys.executable, cmd)
+"""
+
+
+def _prepare():
+    path = REPO / "benchmarks" / "sglang_h200" / "prepare.py"
+    spec = importlib.util.spec_from_file_location("sglang_h200_prepare_runner", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _standin_bundle(tmp_path: Path) -> Path:
+    """Pieces of a bundle for "SGLang 0.5.17", patched, with a trained pair, made by
+    prepare.py's build_tar and split; the checkpoint is a real export (the stand-in serves
+    the engine's own weights, the target config is what the refusals read)."""
+    prepare = _prepare()
+    site, snap = tmp_path / "site", tmp_path / "snap"
+    (site / "sgl_kernel").mkdir(parents=True)
+    (site / "sgl_kernel" / "__init__.py").write_text("")
+    (snap / "sglang").mkdir(parents=True)
+    (snap / "sglang" / "__init__.py").write_text('__version__ = "0.5.17"\n')
+    (snap / "sglang" / "launch_server.py").write_text(LAUNCH_SERVER)
+    (snap / "sglang-0.5.17.dist-info").mkdir()
+    (snap / "sglang-0.5.17.dist-info" / "METADATA").write_text("Name: sglang\nVersion: 0.5.17\n")
+    ckpt = tmp_path / "ckpt" / "trained"
+    export_pair(random_export_pair(block_size=16), ckpt, dtype="float32")
+    contents = {"sglang": "0.5.17", "patched": True, "checkpoints": ["trained"], "prompts": []}
+    tar = tmp_path / "bundle.tar.xz"
+    prepare.build_tar(tar, site, snap, [ckpt], contents)
+    pieces = tmp_path / "pieces"
+    pieces.mkdir()
+    manifest = prepare.split(tar, pieces, 1)
+    (pieces / "manifest.json").write_text(json.dumps(manifest))
+    assert len(manifest["pieces"]) >= 2
+    return pieces
+
+
+def test_validate_runs_the_whole_sequence_over_calls(tmp_path):
+    pieces = _standin_bundle(tmp_path)
+    names = sorted(p.name for p in pieces.iterdir() if p.name != "manifest.json")
+    base = _free_base(10)
+    out = tmp_path / "out"
+    flags = ["--out", str(out), "--budgets", "15,64", "--concurrency", "1", "--trials", "3",
+             "--agree-prompts", "4", "--bench-prompts", "5", "--prompt-len", "8",
+             "--max-new", "8"]  # fmt: skip
+    env = {"PYTHONPATH": str(REPO)}  # the stand-in's engine imports ddtree_cli
+    try:
+        # One piece per call, the manifest with each: all but the last only arrive.
+        for name in names[:-1]:
+            one = tmp_path / f"carry-{name}"
+            one.mkdir()
+            for f in ("manifest.json", name):
+                (one / f).write_bytes((pieces / f).read_bytes())
+            proc = _run(base, "validate", "--pieces", str(one), *flags, cwd=tmp_path, **env)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert json.loads((out / "status.json").read_text())["status"].startswith(
+                "waiting for pieces"
+            )
+        last = tmp_path / "carry-last"
+        last.mkdir()
+        (last / names[-1]).write_bytes((pieces / names[-1]).read_bytes())
+        # No time for the install in this call: nothing starts, the call says what is left.
+        proc = _run(base, "validate", "--pieces", str(last), "--until", "1", *flags,
+                    cwd=tmp_path, **env)  # fmt: skip
+        assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
+        status = json.loads((out / "status.json").read_text())
+        assert status["todo"] == ["install"] and not (tmp_path / "state" / "plain.pid").exists()
+        # The same command again, with time: it resumes and finishes.
+        proc = _run(base, "validate", "--pieces", str(last), *flags, cwd=tmp_path, **env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        status = json.loads((out / "status.json").read_text())
+        assert status["status"] == "done", status
+        expected = {"install", "imports", "refusals", "healthy", "generate", "agree",
+                    "bench-n15-c1", "bench-n64-c1"}  # fmt: skip
+        assert set(status["done"]) == expected
+        results = tmp_path / "results"
+        with tarfile.open(out / "results.tgz") as tar:
+            tar.extractall(results, filter="data")
+        results = results / "results"
+        refused = json.loads((results / "refusals.json").read_text())
+        assert {k: (r["returncode"], bool(r["message"])) for k, r in refused.items()} == {
+            "page_size_4": (1, True), "fa3": (1, True), "hybrid": (1, True)}  # fmt: skip
+        servers = json.loads((results / "servers.json").read_text())
+        assert sorted(servers) == ["ddtree-n15", "ddtree-n64", "dflash", "plain"]
+        assert [s["port"] for s in servers.values()] == [base, base + 1, base + 2, base + 3]
+        agree = json.loads((results / "agree.json").read_text())
+        assert agree["arms"] == {arm: {"identical": 4, "diverged": []}
+                                 for arm in ("dflash", "ddtree-n15", "ddtree-n64")}  # fmt: skip
+        generated = json.loads((results / "generate.json").read_text())
+        assert all(r["ok"] for rows in generated.values() for r in rows)
+        for budget in (15, 64):
+            summary = json.loads((results / f"bench-n{budget}-c1" / "summary.json").read_text())
+            assert summary["lossless"]["mismatches"] == []
+            assert summary["lossless"]["compared"] > 0
+        assert (results / "logs" / "ddtree-n64.log").is_file()
+        # Called once more, it redoes nothing.
+        proc = _run(base, "validate", *flags, cwd=tmp_path, **env)
+        assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-1])["done"] == sorted(
+            expected
+        )
+    finally:
+        _run(base, "stop", "all", cwd=tmp_path)
