@@ -348,6 +348,18 @@ def alive(pid: int) -> bool:
         return True
 
 
+POOL_ALLOCATED = "Memory pool end"  # logged once the server's KV pool is allocated
+
+
+def wait_for_pool(proc: subprocess.Popen, log: Path, port: int, timeout: float) -> None:
+    """Until the server has allocated its KV pool, is healthy, exited, or ``timeout`` passed."""
+    end = time.monotonic() + max(timeout, 0.0)
+    while time.monotonic() < end and proc.poll() is None:
+        if POOL_ALLOCATED in log.read_text(errors="replace") or healthy(port):
+            return
+        time.sleep(1)
+
+
 def cmd_serve(args) -> int:
     state = state_dir(args)
     port = PORTS[args.arm]
@@ -941,9 +953,15 @@ def validate(v: Validation) -> int:
             continue
         if name in v.progress["started"]:
             return v.finish(exited(state, name), 1)
-        start_server(state, name, cmd)
+        proc, log = start_server(state, name, cmd)
         v.progress["started"][name] = time.time()
         v.save()
+        # From 0.5.14 a server's KV pool is what is free when it profiles, less a slack taken
+        # from what was free before its weights loaded: a neighbour allocating its pool in
+        # between leaves it nothing ("Loaded weights leave no GPU memory for the KV cache").
+        # So the next server starts once this one's pool is allocated (graph capture and
+        # warmup still overlap).
+        wait_for_pool(proc, log, port=servers[name][0], timeout=min(300.0, v.left() - 60))
     # While the servers start: each refused launch exits during argument handling.
     if not v.done("imports"):
         checked = import_check(state)
