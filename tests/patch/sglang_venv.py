@@ -19,20 +19,37 @@ import sys
 from pathlib import Path
 
 _COMMON = [
-    "torch==2.14.1", "torchvision==0.29.1", "numpy", "psutil", "msgspec", "orjson",
+    "numpy", "psutil", "msgspec", "orjson",
     "pybase64", "requests", "packaging", "pillow", "starlette", "typing_extensions",
     "pydantic", "pyzmq", "IPython", "dill", "sentencepiece", "gguf", "partial_json_parser",
     "einops", "setproctitle", "aiohttp", "uvicorn", "fastapi", "triton",
 ]  # fmt: skip
 
-# Pins that follow each release's own requirements (its wheel METADATA).
+# torch with the torchvision built for it (the model-config chain imports torchvision).
+_TORCH = {
+    "2.11.0": ["torch==2.11.0", "torchvision==0.26.0"],
+    "2.13.0": ["torch==2.13.0", "torchvision==0.28.0"],
+    "2.14.1": ["torch==2.14.1", "torchvision==0.29.1"],
+}
+
+# Pins that follow each release's own requirements (its wheel METADATA). 0.5.13 keeps
+# torch 2.14.1: its venv was built that way first and other tests (exported checkpoints,
+# launcher refusals) share it; 0.5.17 and 0.5.21 run on their own torch pins.
 REQUIREMENTS: dict[str, list[str]] = {
     "0.5.13": [
-        *_COMMON, "transformers==5.8.1", "apache-tvm-ffi==0.1.9", "compressed-tensors",
-        "openai==2.6.1",
+        *_TORCH["2.14.1"], *_COMMON, "transformers==5.8.1", "apache-tvm-ffi==0.1.9",
+        "compressed-tensors", "openai==2.6.1",
+    ],
+    "0.5.17": [
+        *_TORCH["2.11.0"], *_COMMON, "transformers==5.12.1", "apache-tvm-ffi==0.1.11",
+        "compressed-tensors", "openai==2.6.1",
+    ],
+    "0.5.21": [
+        *_TORCH["2.13.0"], *_COMMON, "transformers==5.12.1", "apache-tvm-ffi==0.1.11",
+        "compressed-tensors==0.18.0", "openai==2.6.1",
     ],
     "0.5.23": [
-        *_COMMON, "transformers==5.19.0", "apache-tvm-ffi==0.1.11",
+        *_TORCH["2.14.1"], *_COMMON, "transformers==5.19.0", "apache-tvm-ffi==0.1.11",
         "compressed-tensors==0.18.0", "openai==2.8.0",
     ],
 }  # fmt: skip
