@@ -120,7 +120,7 @@ def version_key(version: str) -> tuple:
     return tuple(parts)
 
 
-def _family_files(layout: str) -> dict[str, str]:
+def family_files(layout: str) -> dict[str, str]:
     """Path -> text of every file the family of ``layout`` adds (common ones first)."""
     out: dict[str, str] = {}
     for family in (COMMON_FAMILY, layout):
@@ -162,7 +162,7 @@ def load(version: str) -> Series:
     meta = json.loads((folder / SERIES_JSON).read_text(encoding="utf-8"))
     release_patch = (folder / RELEASE_PATCH).read_text(encoding="utf-8")
     layout = meta["layout"]
-    added = _family_files(layout)
+    added = family_files(layout)
     diffs: dict[str, unidiff.FileDiff] = {}
     for diff in unidiff.parse(release_patch):
         if diff.path in added:  # this release's change to a family file

@@ -45,13 +45,15 @@ class DDTreeVerifyInputV2(DFlashVerifyInput):
         kv_loc_plan=None,
     ) -> "DDTreeVerifyInputV2":
         inputs = ddtree_tree.verify_inputs(tree, root_tokens, prefix_lens)
+        # The KV index plan exists from 0.5.22 on; earlier releases have no such field.
+        plan = {} if kv_loc_plan is None else {"kv_loc_plan": kv_loc_plan}
         return cls(
             draft_token=inputs.input_ids.reshape(-1),
             positions=inputs.positions.reshape(-1),
             draft_token_num=int(tree.num_slots),
             custom_mask=inputs.tree_mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
-            kv_loc_plan=kv_loc_plan,
+            **plan,
             retrieve_index=inputs.retrieve_index,
             retrieve_next_token=inputs.retrieve_next_token,
             retrieve_next_sibling=inputs.retrieve_next_sibling,

@@ -17,6 +17,12 @@ first ``block_size`` columns. DDTREE overrides these seams of the decode round:
    the draft KV materialisation (``block_size`` rows per request: the tree is at most
    ``block_size - 1`` deep, so the accepted path fits the draft block);
 5. the widths: the drafter's block size and the verify window of ``verify_width`` slots.
+
+The same file serves every v2 release (0.5.14 on). Where SGLang moved something between
+them, this file looks for it rather than assuming one release: the DFlash worker's
+constructor arguments are passed on as given, the KV index plan (0.5.22 on) is used when
+the target runner has one, and SGLang's tree-verify kernel is imported from where the
+release keeps it. The per-release seams live in each release's ``dflash_worker_v2.py`` hunks.
 """
 
 from __future__ import annotations
@@ -57,6 +63,15 @@ def check_ddtree_worker_args(server_args: ServerArgs) -> SpeculativeAlgorithm:
     return algorithm
 
 
+def _verify_tree_greedy_func():
+    """SGLang's greedy tree-verify kernel, from where this release keeps it."""
+    try:  # 0.5.23
+        from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_func
+    except ImportError:  # 0.5.14 - 0.5.22
+        from sglang.srt.speculative.eagle_utils import verify_tree_greedy_func
+    return verify_tree_greedy_func
+
+
 def _top_k_top_p_renorm(
     probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor
 ) -> torch.Tensor:
@@ -72,22 +87,23 @@ def _top_k_top_p_renorm(
 class DDTreeWorkerV2(DFlashWorkerV2):
     """DDTree speculative decoding on the DFlash v2 worker (page_size 1, no overlap)."""
 
-    def __init__(
-        self,
-        server_args: ServerArgs,
-        gpu_id: int,
-        nccl_port: int,
-        target_worker: TpModelWorker,
-    ):
+    def __init__(self, server_args: ServerArgs, *args, **kwargs):
+        # The DFlash v2 worker's own arguments (they differ between releases): the target
+        # worker is always the last one.
         check_ddtree_worker_args(server_args)
+        target_worker: TpModelWorker = kwargs.get("target_worker", args[-1] if args else None)
         hybrid = getattr(target_worker.model_runner, "mambaish_config", None)
         if hybrid is not None and not server_args.speculative_ddtree_allow_hybrid:
             raise ValueError(
                 f"DDTREE refuses hybrid target models ({type(hybrid).__name__}); "
                 "pass --speculative-ddtree-allow-hybrid to override at your own risk."
             )
-        super().__init__(server_args, gpu_id, nccl_port, target_worker)
-        if self._is_domino or self.selector is not None or self.lilicorr is not None:
+        super().__init__(server_args, *args, **kwargs)
+        if (
+            getattr(self, "_is_domino", False)
+            or getattr(self, "selector", None) is not None
+            or getattr(self, "lilicorr", None) is not None
+        ):
             raise ValueError(
                 "DDTREE drafts with the plain DFlash head; Domino, selector and LiLiCorr "
                 "draft heads are not supported."
@@ -150,7 +166,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             draft_token_num=width,
             device=self.device,
         )
-        plan = self.target_worker.model_runner.kv_index_translator.plan(
+        translator = getattr(self.target_worker.model_runner, "kv_index_translator", None)
+        if translator is None:  # before 0.5.22 the slots are the whole plan
+            return kv_loc_plan, cache_loc
+        plan = translator.plan(
             req_pool_indices=batch.req_pool_indices,
             seq_lens=prefix_lens,
             seq_lens_cpu=kv_loc_plan.seq_lens_cpu,
@@ -243,13 +262,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         target_predict = target_predict.view(bs, d).to(torch.int64)
 
         if greedy:
-            from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_func
-
             predicts = torch.empty((bs * d,), dtype=torch.int32, device=device)
             accept_index = torch.full((bs, d), -1, dtype=torch.int32, device=device)
             num_correct = torch.empty((bs,), dtype=torch.int32, device=device)
             retrieve = self._verify_input
-            verify_tree_greedy_func(
+            _verify_tree_greedy_func()(
                 predicts=predicts,
                 accept_index=accept_index,
                 accept_token_num=num_correct,
