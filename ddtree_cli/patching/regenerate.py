@@ -14,6 +14,9 @@ file that differs from the release goes into ``series/VERSION/release.patch``, e
 family file that differs from the shipped one becomes a hunk against it there too, and
 ``series.json`` records the release's SHA-256 of each SGLang file touched.
 
+A release whose touched files are byte-identical to a shipped series' release gets no
+series of its own: it is recorded as using that series.
+
 Either way the release is added to ``tests/patch/releases.json``, the table the wheel
 tests are parametrised from, so its apply/check/revert/export tests run from then on.
 """
@@ -57,7 +60,8 @@ def port(base: series_mod.Series, pristine: Path, edited: Path) -> list[str]:
             try:
                 text = unidiff.apply(text, one, fuzzy=True)
             except unidiff.DiffError as exc:
-                problems.append(f"{rel}: hunk {number} ({exc})")
+                reason = str(exc).split(": ", 1)[-1].replace("of hunk 1 ", "")
+                problems.append(f"{rel}: hunk {number} ({reason})")
         path.write_text(text, encoding="utf-8")
     for rel in [*base.new_files, VENDORED_TREE_PATH]:
         target = edited / rel
@@ -66,7 +70,9 @@ def port(base: series_mod.Series, pristine: Path, edited: Path) -> list[str]:
     return problems
 
 
-def write_series(version: str, layout: str, pristine: Path, edited: Path) -> Path:
+def write_series(
+    version: str, layout: str, pristine: Path, edited: Path, out: Path | None = None
+) -> Path:
     before, after = _py_files(pristine), _py_files(edited)
     family = series_mod.family_files(layout)
     pristine_hashes: dict[str, str] = {}
@@ -91,28 +97,43 @@ def write_series(version: str, layout: str, pristine: Path, edited: Path) -> Pat
     missing = [rel for rel in family if rel not in after]
     if missing:
         raise DdtreeError(f"the edited tree lacks family files: {', '.join(missing)}")
-    out = series_dir(version)
+    release_patch = "".join(chunks)
+    # The diff must give back the edited tree from the release, file by file.
+    for diff in unidiff.parse(release_patch):
+        if diff.path in family:
+            continue
+        if unidiff.apply(before[diff.path].decode(), diff).encode() != after[diff.path]:
+            raise DdtreeError(f"the diff of {diff.path} does not reproduce the edited file")
+    out = out or series_mod.series_dir_on_disk(version)
     out.mkdir(parents=True, exist_ok=True)
-    (out / series_mod.RELEASE_PATCH).write_text("".join(chunks), encoding="utf-8")
+    (out / series_mod.RELEASE_PATCH).write_text(release_patch, encoding="utf-8")
     meta = {"version": version, "layout": layout, "pristine": pristine_hashes}
     (out / series_mod.SERIES_JSON).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     series_mod.load.cache_clear()
-    series_mod.load(version)  # the series must load back consistently
     return out
 
 
-def series_dir(version: str) -> Path:
-    return series_mod.series_dir_on_disk(version)
-
-
-def add_to_release_table(version: str, layout: str, series_version: str) -> None:
-    table = json.loads(RELEASES_TABLE.read_text(encoding="utf-8"))
+def add_to_release_table(
+    version: str, layout: str, series_version: str, table_path: Path = RELEASES_TABLE
+) -> None:
+    """One line per release, in version order."""
+    table = json.loads(table_path.read_text(encoding="utf-8")) if table_path.is_file() else {}
     table[version] = {"layout": layout, "series": series_version}
-    ordered = dict(sorted(table.items(), key=lambda kv: series_mod.version_key(kv[0])))
-    RELEASES_TABLE.write_text(json.dumps(ordered, indent=2) + "\n", encoding="utf-8")
+    lines = [
+        f"  {json.dumps(v)}: {json.dumps(table[v])}"
+        for v in sorted(table, key=series_mod.version_key)
+    ]
+    table_path.write_text("{\n" + ",\n".join(lines) + "\n}\n", encoding="utf-8")
 
 
-def regenerate(version: str, work: Path, edited: Path | None = None) -> tuple[Path, list[str]]:
+def regenerate(
+    version: str,
+    work: Path,
+    edited: Path | None = None,
+    *,
+    out: Path | None = None,
+    table: Path = RELEASES_TABLE,
+) -> tuple[Path, list[str]]:
     """(the series folder or the work folder, the hunks still to port by hand)."""
     pristine = work / "pristine"
     if not (pristine / "sglang").is_dir():
@@ -120,6 +141,13 @@ def regenerate(version: str, work: Path, edited: Path | None = None) -> tuple[Pa
         fetch.extract_wheel(fetch.download_wheel(version), pristine)
     snap = snapshot.detect(pristine)
     if edited is None:
+        try:
+            match = recognise.identify(snap)
+        except DdtreeError:
+            match = None
+        if match is not None and match.how == "content":  # e.g. 0.5.13.post1: 0.5.13's files
+            add_to_release_table(version, snap.layout.value, match.series.version, table)
+            return series_mod.series_dir_on_disk(match.series.version), []
         edited = work / "edited"
         shutil.rmtree(edited, ignore_errors=True)
         shutil.copytree(pristine, edited, symlinks=True)
@@ -127,9 +155,9 @@ def regenerate(version: str, work: Path, edited: Path | None = None) -> tuple[Pa
         problems = port(base, pristine, edited)
         if problems:
             return edited, [f"ported from series {base.version}; still to do by hand:", *problems]
-    out = write_series(version, snap.layout.value, pristine, edited)
-    add_to_release_table(version, snap.layout.value, version)
-    return out, []
+    written = write_series(version, snap.layout.value, pristine, edited, out)
+    add_to_release_table(version, snap.layout.value, version, table)
+    return written, []
 
 
 def main(argv: list[str] | None = None) -> int:

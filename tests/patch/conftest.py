@@ -8,6 +8,7 @@ version is extracted once per session and copied into a fresh folder per test.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,14 @@ from ddtree_cli.errors import DdtreeError
 from ddtree_cli.patching import fetch
 from tests.conftest import require
 
-VERSIONS = ("0.5.13", "0.5.23")
+# Every release the wheel tests patch, with the series it must be recognised as; written by
+# `python -m ddtree_cli.patching.regenerate` (PyPI wheels, see research/sglang_releases.md).
+RELEASES: dict[str, dict[str, str]] = json.loads(
+    (Path(__file__).with_name("releases.json")).read_text(encoding="utf-8")
+)
+VERSIONS = tuple(RELEASES)
+# The import tier: one release per torch pin the series cover, plus the v1 layout.
+IMPORT_VERSIONS = ("0.5.13", "0.5.17", "0.5.23")
 
 
 @pytest.fixture(scope="session")

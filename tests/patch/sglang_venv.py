@@ -42,7 +42,7 @@ REQUIREMENTS: dict[str, list[str]] = {
     ],
     "0.5.17": [
         *_TORCH["2.11.0"], *_COMMON, "transformers==5.12.1", "apache-tvm-ffi==0.1.11",
-        "compressed-tensors", "openai==2.6.1",
+        "compressed-tensors", "openai==2.6.1", "xgrammar==0.2.1",
     ],
     "0.5.21": [
         *_TORCH["2.13.0"], *_COMMON, "transformers==5.12.1", "apache-tvm-ffi==0.1.11",

@@ -65,12 +65,27 @@ def test_bad_fetch_version_is_refused(tmp_path):
 
 
 def test_series_are_shipped_and_consistent():
-    assert series.supported_versions() == ["0.5.13", "0.5.23"]
-    for version, layout in (("0.5.13", "v1"), ("0.5.23", "v2")):
+    shipped = series.supported_versions()
+    assert shipped[0] == "0.5.13" and shipped[-1] == "0.5.23"
+    for version in shipped:
         s = series.load(version)
-        assert s.layout == layout and s.version == version
+        assert s.version == version and s.layout == ("v1" if version == "0.5.13" else "v2")
         assert series.VENDORED_TREE_PATH in s.touched
         assert all(len(h) == 64 for h in s.pristine.values())
+        assert set(s.diffs) == set(s.pristine)  # hunks only on files the release ships
     # Shipped as package data, so an installed ddtree finds them too.
     root = Path(series.__file__).parent / "series"
-    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["0.5.13", "0.5.23"]
+    assert sorted(p.name for p in root.iterdir() if (p / "series.json").is_file()) == shipped
+
+
+def test_added_files_are_written_once_per_layout_family():
+    root = Path(series.__file__).parent / "series"
+    for release_patch in root.glob("*/release.patch"):
+        assert "new file mode" not in release_patch.read_text(), release_patch
+    v2 = [series.load(v) for v in series.supported_versions() if series.load(v).layout == "v2"]
+    family = series.family_files("v2")
+    assert "sglang/srt/speculative/ddtree_worker_v2.py" in family
+    assert "sglang/srt/speculative/ddtree_utils.py" in family  # from common/, for v1 too
+    assert "sglang/srt/speculative/ddtree_utils.py" in series.family_files("v1")
+    for s in v2:
+        assert set(s.added) == set(family)
