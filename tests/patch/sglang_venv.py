@@ -68,6 +68,15 @@ def venv_dir(version: str) -> Path:
     return venv_cache_dir() / f"sglang-{version}-cpu-{key}"
 
 
+def _index_only_env() -> dict[str, str]:
+    """pip's environment with local wheel folders and pip config files left out: torch and
+    torchvision must both come from the package index (a CPU-only torch from a local
+    folder next to the index's torchvision fails at import: torchvision::nms missing)."""
+    env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return env
+
+
 def ensure_venv(version: str) -> Path:
     """The venv's python, building the venv first if it is not cached."""
     target = venv_dir(version)
@@ -86,7 +95,7 @@ def ensure_venv(version: str) -> Path:
             subprocess.run(
                 [str(building / "bin" / "python"), "-m", "pip", "install", "--quiet",
                  "--disable-pip-version-check", *REQUIREMENTS[version]],
-                check=True, capture_output=True, text=True,
+                check=True, capture_output=True, text=True, env=_index_only_env(),
             )  # fmt: skip
         except subprocess.CalledProcessError as exc:
             shutil.rmtree(building, ignore_errors=True)
