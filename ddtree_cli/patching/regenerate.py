@@ -1,10 +1,11 @@
 """Maintainers: add (or rebuild) the patch series of one SGLang release.
 
-    python -m ddtree_cli.patching.regenerate VERSION [--edited DIR] [--work DIR]
+    python -m ddtree_cli.patching.regenerate VERSION [--from SERIES] [--edited DIR] [--work DIR]
 
 Without ``--edited``: downloads the release wheel, extracts it under ``--work`` (default
 ``./ddtree-series-VERSION``) as ``pristine/`` and ``edited/``, and ports the nearest
-shipped series onto ``edited/`` hunk by hunk, each by its context. When every hunk finds
+shipped series (the one with the fewest hunks that miss, or ``--from SERIES``) onto
+``edited/`` hunk by hunk, each by its context. When every hunk finds
 a unique anchor the series is written at once. Otherwise the hunks that did not apply are
 listed, nothing is written, and the command exits 1: make those changes in ``edited/``
 by hand (the family files are already there), then run it again with ``--edited``.
@@ -133,6 +134,7 @@ def regenerate(
     *,
     out: Path | None = None,
     table: Path = RELEASES_TABLE,
+    base: str | None = None,
 ) -> tuple[Path, list[str]]:
     """(the series folder or the work folder, the hunks still to port by hand)."""
     pristine = work / "pristine"
@@ -151,10 +153,10 @@ def regenerate(
         edited = work / "edited"
         shutil.rmtree(edited, ignore_errors=True)
         shutil.copytree(pristine, edited, symlinks=True)
-        base, _ = recognise.nearest(snap)
-        problems = port(base, pristine, edited)
+        source = series_mod.load(base) if base else recognise.nearest(snap)[0]
+        problems = port(source, pristine, edited)
         if problems:
-            return edited, [f"ported from series {base.version}; still to do by hand:", *problems]
+            return edited, [f"ported from series {source.version}; still to do by hand:", *problems]
     written = write_series(version, snap.layout.value, pristine, edited, out)
     add_to_release_table(version, snap.layout.value, version, table)
     return written, []
@@ -163,12 +165,13 @@ def regenerate(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddtree_cli.patching.regenerate")
     parser.add_argument("version")
+    parser.add_argument("--from", dest="base", help="the series to port (default: nearest)")
     parser.add_argument("--edited", type=Path, help="a finished tree: write its series")
     parser.add_argument("--work", type=Path, help="work folder (default ./ddtree-series-V)")
     args = parser.parse_args(argv)
     work = (args.work or Path.cwd() / f"ddtree-series-{args.version}").resolve()
     try:
-        where, todo = regenerate(args.version, work, args.edited)
+        where, todo = regenerate(args.version, work, args.edited, base=args.base)
     except DdtreeError as exc:
         print(f"error: {exc}" + (f" ({exc.hint})" if exc.hint else ""), file=sys.stderr)
         return 1

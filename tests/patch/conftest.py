@@ -25,7 +25,7 @@ RELEASES: dict[str, dict[str, str]] = json.loads(
 )
 VERSIONS = tuple(RELEASES)
 # The import tier: one release per torch pin the series cover, plus the v1 layout.
-IMPORT_VERSIONS = ("0.5.13", "0.5.17", "0.5.23")
+IMPORT_VERSIONS = ("0.5.13", "0.5.17", "0.5.21", "0.5.23")
 
 
 @pytest.fixture(scope="session")
