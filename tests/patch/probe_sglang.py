@@ -40,6 +40,18 @@ SEPARATE_RESOLUTION = resolving_view is not None
 out: dict = {"separate_resolution": SEPARATE_RESOLUTION}
 
 
+def first_module(*names):
+    """The first of these modules that this release has (SGLang moves its kernels)."""
+    import importlib
+
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
 def error_of(fn) -> str | None:
     try:
         fn()
@@ -252,15 +264,26 @@ def kernel_walk(candidates, retrieve_index, next_token, next_sibling, target_pre
 
 def greedy_verify_module():
     """The module SGLang's greedy tree verify lives in, in this release."""
-    from sglang.kernels.ops.speculative import spec_tree
     from sglang.srt.speculative import eagle_utils
 
+    spec_tree = SPEC_TREE
     return spec_tree if hasattr(spec_tree, "verify_tree_greedy_func") else eagle_utils
 
 
-def triton_walk(candidates, retrieve_index, next_token, next_sibling, target_predict):
-    from sglang.kernels.ops.speculative import spec_tree
+# SGLang's Triton tree-verify kernel: in kernels/ from 0.5.16, triton_ops/ in 0.5.15; 0.5.14
+# has none (its tree verify is sgl_kernel's CUDA op only).
+SPEC_TREE = first_module(
+    "sglang.kernels.ops.speculative.spec_tree", "sglang.srt.speculative.triton_ops.spec_tree"
+)
+HAS_TRITON_TREE_KERNEL = V2 and hasattr(SPEC_TREE, "verify_tree_greedy_kernel_triton")
+out["triton_tree_kernel"] = HAS_TRITON_TREE_KERNEL
+CACHE_LOCS = first_module(
+    "sglang.kernels.ops.speculative.cache_locs", "sglang.srt.speculative.triton_ops.cache_locs"
+)
 
+
+def triton_walk(candidates, retrieve_index, next_token, next_sibling, target_predict):
+    spec_tree = SPEC_TREE
     bs, d = candidates.shape
     predicts = torch.full((bs * d,), -1, dtype=torch.int32)
     accept = torch.full((bs, d), -1, dtype=torch.int32)
@@ -343,14 +366,14 @@ for budget in (15, 8, 64):  # 15 first: its draws are the ones the checks were w
         deepest = max(deepest, int(walk.accept_len.max()))
         args = (candidates, vi.retrieve_index, vi.retrieve_next_token, vi.retrieve_next_sibling)
         walk_mismatch += int((kernel_walk(*args, flat_target) != reference).any(1).sum())
-        if V2:
+        if HAS_TRITON_TREE_KERNEL:
             triton_mismatch += int((triton_walk(*args, target) != reference).any(1).sum())
         trials += bs
 
     wide[budget] = {
         "trials": trials, "widths": sorted(widths), "mask_errors": mask_errors[:5],
         "position_errors": position_errors, "kernel_walk_mismatches": walk_mismatch,
-        "triton_kernel_mismatches": triton_mismatch if V2 else None,
+        "triton_kernel_mismatches": triton_mismatch if HAS_TRITON_TREE_KERNEL else None,
         "deepest_accept_len": deepest,
     }  # fmt: skip
     if budget == 15:
@@ -363,7 +386,7 @@ out["verify_input"] = {
     "mask_errors": mask_errors[:5],
     "position_errors": position_errors,
     "kernel_walk_mismatches": walk_mismatch,
-    "triton_kernel_mismatches": triton_mismatch if V2 else None,
+    "triton_kernel_mismatches": triton_mismatch if HAS_TRITON_TREE_KERNEL else None,
     "deepest_accept_len": deepest,
     "draft_token_num": d,
     "retrieve_dtype": str(vi.retrieve_index.dtype),
@@ -426,8 +449,7 @@ class CacheLocsTranscribed:
 
 def cache_locs_kernel_runs() -> str | None:
     """None when SGLang's cache-loc kernel runs in the Triton interpreter, else why not."""
-    from sglang.kernels.ops.speculative import cache_locs
-
+    cache_locs = CACHE_LOCS
     req_to_token = torch.arange(8, dtype=torch.int32).view(2, 4)
     out = torch.zeros(3, dtype=torch.int64)
     try:
@@ -699,7 +721,7 @@ if not V2:
 # scheduler publishes them: each model runner's width comes through the algorithm's
 # target-verify hook, and the verify window is budget + 1 slots from the committed prefix.
 if V2:
-    from sglang.kernels.ops.speculative import cache_locs  # noqa: E402
+    cache_locs = CACHE_LOCS
     from sglang.srt import runtime_context  # noqa: E402
     from sglang.srt.arg_groups.speculative_hook import _handle_dflash  # noqa: E402
     from sglang.srt.speculative import dflash_info  # noqa: E402
@@ -734,10 +756,17 @@ if V2:
         args = server_args(**{**block16, "speculative_algorithm": "DFLASH" if is_dflash else "DDTREE",
                               "speculative_ddtree_budget": None if is_dflash else budget})  # fmt: skip
         (_handle_dflash if is_dflash else _handle_ddtree)(args)
-        runtime_context.publish(args, role="scheduler")
+        if hasattr(runtime_context, "publish"):  # 0.5.17 on
+            runtime_context.publish(args, role="scheduler")
+            spec_config = runtime_context.get_spec()
+        else:  # 0.5.14 - 0.5.16: the process-wide server arguments
+            from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+            set_global_server_args_for_scheduler(args)
+            spec_config = args
         algo_here = SpeculativeAlgorithm.from_string(resolved(args, "speculative_algorithm"))
         seen = {
-            "spec_num_draft_tokens": runtime_context.get_spec().speculative_num_draft_tokens,
+            "spec_num_draft_tokens": spec_config.speculative_num_draft_tokens,
             "max_draft_tokens": (
                 runtime_context.max_speculative_num_draft_tokens()
                 if SEPARATE_RESOLUTION
@@ -749,7 +778,12 @@ if V2:
             runner = types.SimpleNamespace(
                 spec_algorithm=algo_here, is_draft_worker=is_draft, server_args=args
             )
-            per_req = ModelRunner.decode_num_tokens_per_req(runner)
+            if hasattr(ModelRunner, "decode_num_tokens_per_req"):  # 0.5.16 on
+                per_req = ModelRunner.decode_num_tokens_per_req(runner)
+            else:
+                per_req = algo_here.get_num_tokens_per_bs_for_target_verify(
+                    args.speculative_num_draft_tokens, is_draft
+                )
             mask = torch.ones(4, dtype=torch.bool)
             dummy = (
                 create_dummy_verify_input(algo_here, args, mask, per_req, is_draft)

@@ -55,6 +55,21 @@ REQUIREMENTS: dict[str, list[str]] = {
 }  # fmt: skip
 
 
+# Releases without a venv of their own share the one of a release with their torch pin
+# (their wheel METADATA: 0.5.13.post1-0.5.17 torch 2.11.0, 0.5.18-0.5.21 torch 2.13.0,
+# 0.5.22-0.5.23 torch 2.14.1).
+SHARES_VENV = {
+    "0.5.13.post1": "0.5.13", "0.5.14": "0.5.17", "0.5.15": "0.5.17",
+    "0.5.15.post1": "0.5.17", "0.5.16": "0.5.17", "0.5.18": "0.5.21", "0.5.19": "0.5.21",
+    "0.5.20": "0.5.21", "0.5.22": "0.5.23",
+}  # fmt: skip
+
+
+def venv_release(version: str) -> str:
+    """The release whose requirement list builds the venv ``version`` is imported in."""
+    return SHARES_VENV.get(version, version)
+
+
 def venv_cache_dir() -> Path:
     env = os.environ.get("DDTREE_VENV_CACHE")
     if env:

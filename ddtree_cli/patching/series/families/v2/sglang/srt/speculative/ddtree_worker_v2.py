@@ -20,9 +20,11 @@ first ``block_size`` columns. DDTREE overrides these seams of the decode round:
 
 The same file serves every v2 release (0.5.14 on). Where SGLang moved something between
 them, this file looks for it rather than assuming one release: the DFlash worker's
-constructor arguments are passed on as given, the KV index plan (0.5.22 on) is used when
-the target runner has one, and SGLang's tree-verify kernel is imported from where the
-release keeps it. The per-release seams live in each release's ``dflash_worker_v2.py`` hunks.
+constructor arguments are passed on as given, the resolved arguments are read from the
+published spec config where there is one (0.5.17 on), the KV index plan (0.5.22 on) is
+used when the target runner has one, and SGLang's kernels (cache locations, tree verify)
+are imported from where the release keeps them. The per-release seams live in each
+release's ``dflash_worker_v2.py`` hunks.
 """
 
 from __future__ import annotations
@@ -32,10 +34,9 @@ from typing import Optional
 
 import torch
 
-from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
-from sglang.srt.runtime_context import get_parallel, get_spec
+from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import ddtree_tree
 from sglang.srt.speculative.ddtree_info_v2 import DDTreeVerifyInputV2
@@ -46,6 +47,15 @@ from sglang.srt.speculative.spec_info import (
     ddtree_draft_block_size,
 )
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
+
+try:  # 0.5.16 on
+    from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+except ImportError:  # 0.5.14, 0.5.15
+    from sglang.srt.speculative.triton_ops.cache_locs import assign_extend_cache_locs_func
+try:  # 0.5.17 on: the resolved arguments as the scheduler published them
+    from sglang.srt.runtime_context import get_spec
+except ImportError:  # 0.5.14 - 0.5.16 resolve ServerArgs in place: it is the record
+    from sglang.srt.server_args import get_global_server_args as get_spec
 
 logger = logging.getLogger(__name__)
 
