@@ -410,12 +410,13 @@ if not V2:
 
 
 # --- one verify round end to end on CPU, with stand-ins only for the GPU: the CUDA
-# greedy-verify op (replaced by SGLang's Triton kernel on 0.5.23, by the transcription on
-# 0.5.13, where the op exists only in sgl_kernel), the KV allocator and the requests.
+# greedy-verify op (replaced by SGLang's Triton kernel where the release has one, 0.5.15
+# on; by the transcription on 0.5.13 and 0.5.14, where the op exists only in sgl_kernel),
+# the KV allocator and the requests.
 # SGLang's Triton bookkeeping kernels run for real in the Triton interpreter.
 def greedy_standin(predicts, accept_index, accept_token_num, candidates, retrieve_index,
                    retrieve_next_token, retrieve_next_sibling, target_predict, **_):  # fmt: skip
-    if V2:
+    if HAS_TRITON_TREE_KERNEL:
         accept = triton_walk(candidates, retrieve_index, retrieve_next_token,
                              retrieve_next_sibling, target_predict)  # fmt: skip
     else:
