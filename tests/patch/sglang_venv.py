@@ -46,7 +46,7 @@ REQUIREMENTS: dict[str, list[str]] = {
     ],
     "0.5.21": [
         *_TORCH["2.13.0"], *_COMMON, "transformers==5.12.1", "apache-tvm-ffi==0.1.11",
-        "compressed-tensors==0.18.0", "openai==2.6.1",
+        "compressed-tensors==0.18.0", "openai==2.6.1", "xgrammar==0.2.7",
     ],
     "0.5.23": [
         *_TORCH["2.14.1"], *_COMMON, "transformers==5.19.0", "apache-tvm-ffi==0.1.11",

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddtree_cli.patching import series
+from ddtree_cli.patching import compare, series
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -89,3 +89,15 @@ def test_added_files_are_written_once_per_layout_family():
     assert "sglang/srt/speculative/ddtree_utils.py" in series.family_files("v1")
     for s in v2:
         assert set(s.added) == set(family)
+
+
+def test_compare_shows_only_what_differs_between_two_releases():
+    assert compare.compare("0.5.15", "0.5.15.post1") == [
+        "series 0.5.15 (v2) -> series 0.5.15.post1 (v2)"
+    ]
+    report = compare.compare("0.5.19", "0.5.20")
+    # 0.5.20 moved the speculative flags from server_args.py to arg_groups/fields/spec.py
+    assert "only 0.5.19: sglang/srt/server_args.py" in report
+    assert "only 0.5.20: sglang/srt/arg_groups/fields/spec.py" in report
+    assert "sglang/srt/speculative/dflash_worker_v2.py:" in report
+    assert not any("spec_registry.py" in line for line in report)  # the same edit in both
