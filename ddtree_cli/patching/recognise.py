@@ -88,10 +88,10 @@ def unmatched(series: Series, root: Path) -> list[str]:
     return problems
 
 
-def nearest(snapshot: Snapshot) -> tuple[Series, list[str]]:
+def nearest(snapshot: Snapshot, *, exclude: str | None = None) -> tuple[Series, list[str]]:
     """The series of the snapshot's layout with the fewest hunks that would not apply
     (ties: the closest release at or below the snapshot's version, then above it)."""
-    candidates = series_mod.of_layout(snapshot.layout.value)
+    candidates = [s for s in series_mod.of_layout(snapshot.layout.value) if s.version != exclude]
     if not candidates:
         raise DdtreeError(f"no patch series for the {snapshot.layout.value} layout")
     key = series_mod.version_key(snapshot.version)

@@ -147,13 +147,16 @@ def regenerate(
             match = recognise.identify(snap)
         except DdtreeError:
             match = None
-        if match is not None and match.how == "content":  # e.g. 0.5.13.post1: 0.5.13's files
+        known = match is not None and match.how == "content"
+        if known and base is None and match.series.version != version:
+            # e.g. 0.5.13.post1, whose files are 0.5.13's: it uses that series
             add_to_release_table(version, snap.layout.value, match.series.version, table)
             return series_mod.series_dir_on_disk(match.series.version), []
         edited = work / "edited"
         shutil.rmtree(edited, ignore_errors=True)
         shutil.copytree(pristine, edited, symlinks=True)
-        source = series_mod.load(base) if base else recognise.nearest(snap)[0]
+        # Rebuilding a shipped series ports another one onto it (--from, or the nearest).
+        source = series_mod.load(base) if base else recognise.nearest(snap, exclude=version)[0]
         problems = port(source, pristine, edited)
         if problems:
             return edited, [f"ported from series {source.version}; still to do by hand:", *problems]
