@@ -11,9 +11,8 @@ from rich.syntax import Syntax
 
 from ddtree_cli.commands._options import DryRunOpt, JsonOpt
 from ddtree_cli.console import console, emit_json, err_console, info
-from ddtree_cli.errors import UsageError
-from ddtree_cli.patching import engine, fetch, snapshot
-from ddtree_cli.patching.series import supported_versions
+from ddtree_cli.errors import DdtreeError, UsageError
+from ddtree_cli.patching import engine, fetch, recognise, snapshot
 
 
 def _snapshot_json(snap: snapshot.Snapshot) -> dict:
@@ -99,13 +98,20 @@ def patch(
         if not (check or dry_run or revert or export):
             # Fetching alone prepares a pristine snapshot; patching is the next explicit step.
             snap = snapshot.detect(snapshot_path)
+            try:
+                match = recognise.identify(snap)
+            except DdtreeError:
+                match = None
             out.update(
-                snapshot=_snapshot_json(snap), supported=snap.version in supported_versions()
+                snapshot=_snapshot_json(snap),
+                supported=match is not None,
+                match=match.to_json() if match else None,
             )
+            series_note = f", series {match.series.version}" if match else ", no series fits"
             _finish(
                 json_out,
                 out,
-                f"Extracted sglang {snap.version} ({snap.layout.value}) to {snap.root}",
+                f"Extracted sglang {snap.version} ({snap.layout.value}{series_note}) to {snap.root}",
             )
             return
 
@@ -129,6 +135,8 @@ def patch(
         out.update(
             state=result.state.value,
             series=result.series_version,
+            forced=result.match.forced,
+            match=result.match.to_json(),
             files=[
                 {"path": f.path, "state": f.state.value, "detail": f.detail} for f in result.files
             ],
@@ -139,7 +147,10 @@ def patch(
             for f in result.files:
                 if f.state is engine.State.DRIFTED:
                     err_console.print(f"  {f.state.value:<8} {f.path} {f.detail}")
-            console.print(f"{snap.root}: sglang {snap.version} is [bold]{result.state.value}[/]")
+            console.print(
+                f"{snap.root}: sglang {snap.version} is [bold]{result.describe()}[/] "
+                f"(series {result.series_version}: {result.match.why})"
+            )
         raise typer.Exit(int(engine.CHECK_EXIT[result.state]))
 
     if revert:
@@ -156,9 +167,15 @@ def patch(
         return
 
     if dry_run:
-        series, changes, forced = engine.plan(snap, force=force)
+        match, changes = engine.plan(snap, force=force)
         diff = "".join(c.diff() for c in changes)
-        out.update(series=series.version, forced=forced, files=[c.path for c in changes], diff=diff)
+        out.update(
+            series=match.series.version,
+            forced=match.forced,
+            match=match.to_json(),
+            files=[c.path for c in changes],
+            diff=diff,
+        )
         if json_out:
             emit_json(out)
         elif not changes:
@@ -172,6 +189,7 @@ def patch(
     out.update(
         series=result.series_version,
         forced=result.forced,
+        match=result.match.to_json(),
         changed=result.changed,
         compiled=result.compiled,
         already_applied=result.already_applied,
@@ -179,8 +197,9 @@ def patch(
     message = (
         f"sglang {snap.version} at {snap.root} is already patched"
         if result.already_applied
-        else f"Patched sglang {snap.version} ({snap.layout.value}): {len(result.changed)} files, "
-        f"all compiled; revert with `ddtree patch --revert {snap.root}`"
+        else f"Patched sglang {snap.version} ({snap.layout.value}, series "
+        f"{result.series_version}{', forced' if result.forced else ''}): "
+        f"{len(result.changed)} files, all compiled; revert with `ddtree patch --revert {snap.root}`"
     )
     _finish(json_out, out, message)
 

@@ -21,18 +21,10 @@ from pathlib import Path
 
 from ddtree_cli.errors import DdtreeError, ExitCode
 from ddtree_cli.patching import unidiff
-from ddtree_cli.patching.series import (
-    VENDORED_TREE_PATH,
-    Series,
-    load,
-    nearest,
-    sha256,
-    supported_versions,
-    vendored_tree_source,
-)
+from ddtree_cli.patching.recognise import STATE_MANIFEST, Match, identify, unpatched
+from ddtree_cli.patching.recognise import manifest as _manifest
+from ddtree_cli.patching.series import Series, load, sha256
 from ddtree_cli.patching.snapshot import Snapshot
-
-STATE_MANIFEST = "manifest.json"
 
 
 class State(str, Enum):
@@ -51,9 +43,19 @@ class FileState:
 @dataclass
 class CheckResult:
     snapshot: Snapshot
-    series_version: str
+    match: Match
     state: State
     files: list[FileState]
+
+    @property
+    def series_version(self) -> str:
+        return self.match.series.version
+
+    def describe(self) -> str:
+        """``applied``, or ``applied (forced, series 0.5.23)`` after a forced apply."""
+        if self.state is State.APPLIED and self.match.forced:
+            return f"applied (forced, series {self.series_version})"
+        return self.state.value
 
 
 @dataclass
@@ -71,44 +73,16 @@ class FileChange:
 class ApplyResult:
     snapshot: Snapshot
     series_version: str
+    match: Match
     changed: list[str] = field(default_factory=list)
     already_applied: bool = False
     forced: bool = False
     compiled: list[str] = field(default_factory=list)
 
 
-def _series_for(snapshot: Snapshot, force: bool) -> tuple[Series, bool]:
-    if snapshot.version in supported_versions():
-        return load(snapshot.version), False
-    if not force:
-        raise DdtreeError(
-            f"SGLang {snapshot.version} is not supported "
-            f"(supported: {', '.join(supported_versions())})",
-            hint="--force tries the nearest series by anchor matching",
-        )
-    return nearest(snapshot.version, snapshot.layout.value), True
-
-
 def _read(snapshot: Snapshot, rel: str) -> bytes | None:
     path = snapshot.root / rel
     return path.read_bytes() if path.is_file() else None
-
-
-def _patched(series: Series, rel: str, text: bytes, fuzzy: bool) -> bytes:
-    return unidiff.apply(text.decode("utf-8"), series.diffs[rel], fuzzy=fuzzy).encode("utf-8")
-
-
-def _new_content(series: Series, rel: str) -> bytes:
-    if rel == VENDORED_TREE_PATH:
-        return vendored_tree_source()
-    return unidiff.apply("", series.diffs[rel]).encode("utf-8")
-
-
-def _manifest(snapshot: Snapshot) -> dict | None:
-    path = snapshot.state_dir / STATE_MANIFEST
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def _file_state(series: Series, snapshot: Snapshot, rel: str, manifest: dict | None) -> FileState:
@@ -124,16 +98,12 @@ def _file_state(series: Series, snapshot: Snapshot, rel: str, manifest: dict | N
         if sha256(current) == series.pristine[rel]:
             return FileState(rel, State.PRISTINE)
         # Patched by other means (e.g. `git apply` of an export)? Undo in memory and compare.
-        try:
-            undone = unidiff.apply(current.decode("utf-8"), unidiff.reverse(series.diffs[rel]))
-        except (unidiff.DiffError, UnicodeDecodeError):
-            return FileState(rel, State.DRIFTED, "differs from the release")
-        if sha256(undone.encode("utf-8")) == series.pristine[rel]:
+        if unpatched(series, rel, current) is not None:
             return FileState(rel, State.APPLIED)
         return FileState(rel, State.DRIFTED, "differs from the release")
     if current is None:
         return FileState(rel, State.PRISTINE)
-    if current == _new_content(series, rel):
+    if current == series.new_content(rel):
         return FileState(rel, State.APPLIED)
     return FileState(rel, State.DRIFTED, "exists with other content")
 
@@ -147,19 +117,20 @@ def _overall(files: list[FileState]) -> State:
     return State.DRIFTED
 
 
-def check(snapshot: Snapshot, *, force: bool = False) -> CheckResult:
-    series, _ = _series_for(snapshot, force)
+def check(snapshot: Snapshot, *, force: bool = False, match: Match | None = None) -> CheckResult:
+    match = match or identify(snapshot, force=force)
     manifest = _manifest(snapshot)
-    files = [_file_state(series, snapshot, rel, manifest) for rel in series.touched]
-    return CheckResult(snapshot, series.version, _overall(files), files)
+    files = [_file_state(match.series, snapshot, rel, manifest) for rel in match.series.touched]
+    return CheckResult(snapshot, match, _overall(files), files)
 
 
-def plan(snapshot: Snapshot, *, force: bool = False) -> tuple[Series, list[FileChange], bool]:
+def plan(snapshot: Snapshot, *, force: bool = False) -> tuple[Match, list[FileChange]]:
     """Every change apply would make, computed in memory. Empty when already applied."""
-    series, forced = _series_for(snapshot, force)
-    result = check(snapshot, force=force)
+    match = identify(snapshot, force=force)
+    series, forced = match.series, match.forced
+    result = check(snapshot, force=force, match=match)
     if result.state is State.APPLIED:
-        return series, [], forced
+        return match, []
     if result.state is State.DRIFTED and not force:
         if _manifest(snapshot) is not None:
             raise DdtreeError(
@@ -184,16 +155,16 @@ def plan(snapshot: Snapshot, *, force: bool = False) -> tuple[Series, list[FileC
             if before is None:
                 raise DdtreeError(f"{rel} is missing from {snapshot.root}")
             try:
-                after = _patched(series, rel, before, fuzzy)
+                after = series.patched(rel, before, fuzzy=fuzzy)
             except unidiff.DiffError as exc:
                 raise DdtreeError(f"cannot patch {snapshot.version}: {exc}") from None
         else:
             if before is not None and not force:
                 raise DdtreeError(f"{rel} already exists in {snapshot.root}")
-            after = _new_content(series, rel)
+            after = series.new_content(rel)
         if before != after:
             changes.append(FileChange(rel, before, after))
-    return series, changes, forced
+    return match, changes
 
 
 def _drift_summary(files: list[FileState]) -> str:
@@ -318,8 +289,9 @@ def _write_state(
 
 
 def apply(snapshot: Snapshot, *, force: bool = False) -> ApplyResult:
-    series, changes, forced = plan(snapshot, force=force)
-    result = ApplyResult(snapshot, series.version, forced=forced)
+    match, changes = plan(snapshot, force=force)
+    series, forced = match.series, match.forced
+    result = ApplyResult(snapshot, series.version, match, forced=forced)
     if not changes:
         result.already_applied = True
         return result
@@ -398,14 +370,15 @@ def _revert_without_state(snapshot: Snapshot, result: RevertResult) -> RevertRes
     Only when every touched file is recognised as applied; the reversed files must hash
     to the release's pristine SHA-256.
     """
-    if snapshot.version not in supported_versions():
+    try:
+        match = identify(snapshot)
+    except DdtreeError:  # unknown content: nothing ddtree recognises as its patch
         result.nothing_to_do = True
         return result
-    checked = check(snapshot)
-    if checked.state is not State.APPLIED:
+    if match.how != "applied":
         result.nothing_to_do = True
         return result
-    series = load(snapshot.version)
+    series = match.series
     writes: dict[str, bytes | None] = {}
     current: dict[str, bytes | None] = {}
     for rel in series.touched:
@@ -413,9 +386,8 @@ def _revert_without_state(snapshot: Snapshot, result: RevertResult) -> RevertRes
         current[rel] = now
         if rel in series.pristine:
             assert now is not None
-            undone = unidiff.apply(now.decode("utf-8"), unidiff.reverse(series.diffs[rel]))
-            original = undone.encode("utf-8")
-            if sha256(original) != series.pristine[rel]:
+            original = unpatched(series, rel, now)
+            if original is None:
                 raise DdtreeError(f"cannot reconstruct the released {rel}; nothing changed")
             writes[rel] = original
             result.restored.append(rel)
@@ -433,15 +405,12 @@ def export_patch(snapshot: Snapshot | None, version: str | None, *, force: bool 
     applies from the checkout root.
     """
     if snapshot is not None:
-        series, _ = _series_for(snapshot, force)
+        series = identify(snapshot, force=force).series
         prefix = snapshot.export_prefix
     else:
         series = load(version or "")
         prefix = ""
-    text = series.diff_text
-    if not text.endswith("\n"):
-        text += "\n"
-    text += unidiff.make(VENDORED_TREE_PATH, None, vendored_tree_source().decode("utf-8"))
+    text = series.full_diff()
     if prefix:
         text = _prefix_paths(text, prefix)
     return text

@@ -116,7 +116,7 @@ def apply(text: str, diff: FileDiff, *, fuzzy: bool = False) -> str:
 
     Strict mode requires every hunk at its recorded line. ``fuzzy`` (``--force``) looks the
     hunk's full context up anywhere after the previous hunk and fails if it is missing or
-    ambiguous; it never drops context lines.
+    not unique (even where it also sits at its recorded line); it never drops context.
     """
     src = text.splitlines(keepends=True)
     out: list[str] = []
@@ -124,14 +124,14 @@ def apply(text: str, diff: FileDiff, *, fuzzy: bool = False) -> str:
     for number, hunk in enumerate(diff.hunks, 1):
         old = hunk.old_lines
         want = max(hunk.old_start - 1, 0)
-        if src[want : want + len(old)] == old and want >= cursor:
-            pos = want
-        elif fuzzy:
+        if fuzzy:  # anywhere after the previous hunk, but only where it is unique
             pos = _find(src, old, want, cursor)
             if pos is None:
                 raise DiffError(f"{diff.path}: anchor of hunk {number} not found")
             if old and _find(src[pos + 1 :], old, 0, 0) is not None:
                 raise DiffError(f"{diff.path}: anchor of hunk {number} is ambiguous")
+        elif src[want : want + len(old)] == old and want >= cursor:
+            pos = want
         else:
             raise DiffError(f"{diff.path}: hunk {number} does not match at line {want + 1}")
         out.extend(src[cursor:pos])
@@ -139,6 +139,24 @@ def apply(text: str, diff: FileDiff, *, fuzzy: bool = False) -> str:
         cursor = pos + len(old)
     out.extend(src[cursor:])
     return "".join(out)
+
+
+def unmatched_hunks(text: str, diff: FileDiff) -> list[str]:
+    """Why each hunk of ``diff`` would not apply to ``text`` by its context (``--force``):
+    one line per hunk whose anchor is missing or not unique; empty when all would apply."""
+    src = text.splitlines(keepends=True)
+    problems: list[str] = []
+    cursor = 0
+    for number, hunk in enumerate(diff.hunks, 1):
+        old = hunk.old_lines
+        pos = _find(src, old, max(hunk.old_start - 1, 0), cursor)
+        if pos is None:
+            problems.append(f"{diff.path}: hunk {number} (anchor not found)")
+            continue
+        if old and _find(src[pos + 1 :], old, 0, 0) is not None:
+            problems.append(f"{diff.path}: hunk {number} (anchor is ambiguous)")
+        cursor = pos + len(old)
+    return problems
 
 
 def reverse(diff: FileDiff) -> FileDiff:

@@ -8,6 +8,8 @@ version is extracted once per session and copied into a fresh folder per test.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -17,7 +19,21 @@ from ddtree_cli.errors import DdtreeError
 from ddtree_cli.patching import fetch
 from tests.conftest import require
 
-VERSIONS = ("0.5.13", "0.5.23")
+# Every release the wheel tests patch, with the series it must be recognised as; written by
+# `python -m ddtree_cli.patching.regenerate` (PyPI wheels, see research/sglang_releases.md).
+RELEASES: dict[str, dict[str, str]] = json.loads(
+    (Path(__file__).with_name("releases.json")).read_text(encoding="utf-8")
+)
+VERSIONS = tuple(RELEASES)
+# The import tier: the v1 layout and one v2 release per torch pin (2.11, 2.13, 2.14.1). Set
+# DDTREE_IMPORT_RELEASES to a comma-separated list, or "all", to run it on other releases
+# (each in the venv of the release with its torch pin, see sglang_venv.venv_release).
+_IMPORT_DEFAULT = ("0.5.13", "0.5.17", "0.5.21", "0.5.23")
+_IMPORT_ENV = os.environ.get("DDTREE_IMPORT_RELEASES", "").strip()
+IMPORT_VERSIONS = (
+    VERSIONS if _IMPORT_ENV == "all"
+    else tuple(v.strip() for v in _IMPORT_ENV.split(",") if v.strip()) or _IMPORT_DEFAULT
+)  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import sys
 import types
@@ -28,7 +29,27 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo  # noqa: E402
 
 V2 = LAYOUT == "v2"
-out: dict = {}
+# Where the resolved arguments live. 0.5.13 and the v2 releases up to 0.5.18 resolve them in
+# place in ServerArgs.__post_init__; from 0.5.19 resolution is a separate step read through
+# a resolving view and published as the spec config.
+try:
+    from sglang.srt.arg_groups.model_override_base import resolving_view  # noqa: E402
+except ImportError:
+    resolving_view = None
+SEPARATE_RESOLUTION = resolving_view is not None
+out: dict = {"separate_resolution": SEPARATE_RESOLUTION}
+
+
+def first_module(*names):
+    """The first of these modules that this release has (SGLang moves its kernels)."""
+    import importlib
+
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
 
 
 def error_of(fn) -> str | None:
@@ -40,9 +61,9 @@ def error_of(fn) -> str | None:
 
 
 def server_args(**overrides) -> ServerArgs:
-    if V2:  # 0.5.23: construction is cheap; resolution is a separate step
+    if SEPARATE_RESOLUTION:  # 0.5.19 on: construction is cheap; resolution is a step
         return ServerArgs(**overrides)
-    # 0.5.13: __post_init__ resolves everything (GPU probing); take the field defaults.
+    # Otherwise __post_init__ resolves everything (GPU probing); take the field defaults.
     args = ServerArgs.__new__(ServerArgs)
     for field in dataclasses.fields(ServerArgs):
         if field.default is not dataclasses.MISSING:
@@ -55,9 +76,7 @@ def server_args(**overrides) -> ServerArgs:
 
 
 def resolved(args, name):
-    if V2:
-        from sglang.srt.arg_groups.model_override_base import resolving_view
-
+    if SEPARATE_RESOLUTION:
         return getattr(resolving_view(args), name)
     return getattr(args, name)
 
@@ -139,14 +158,19 @@ budget_cases = {
     "explicit_block": {"speculative_dflash_block_size": 16, "speculative_ddtree_budget": 64},
 }  # fmt: skip
 if V2:
-    # 0.5.23: the same split, but a verify width below the block is refused (every size
+    # v2: the same split, but a verify width below the block is refused (every size
     # read from speculative_num_draft_tokens must hold the draft block as well).
-    from sglang.srt.arg_groups.overrides import (  # noqa: E402
-        max_speculative_num_draft_tokens as max_draft_tokens_of,
-    )
-
     budget_cases["num_draft_tokens_block"] = {"speculative_num_draft_tokens": 16,
                                               "speculative_ddtree_budget": 64}  # fmt: skip
+
+    if SEPARATE_RESOLUTION:
+        from sglang.srt.arg_groups.overrides import (  # noqa: E402
+            max_speculative_num_draft_tokens as max_draft_tokens_of,
+        )
+    else:
+
+        def max_draft_tokens_of(args):  # a cached property, read after resolution
+            return ServerArgs.max_speculative_num_draft_tokens.func(args)
 
     def sizing(args):  # what memory sizing reads
         return {"max_draft_tokens": max_draft_tokens_of(args)}
@@ -177,8 +201,12 @@ if V2:
     from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2 as TreeWorker
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2 as ChainWorker
 
+    # The chain worker's constructor arguments differ between releases (0.5.17 and 0.5.18
+    # take a ParallelState too); the target worker is always last.
+    _chain_params = list(inspect.signature(ChainWorker.__init__).parameters)[2:]
+
     def construct(cls, args):
-        return cls(args, 0, 0, None)
+        return cls(args, *([0] * (len(_chain_params) - 1)), None)
 else:
     from sglang.srt.speculative.ddtree_worker import DDTreeWorker as TreeWorker
     from sglang.srt.speculative.dflash_worker import DFlashWorker as ChainWorker
@@ -234,9 +262,28 @@ def kernel_walk(candidates, retrieve_index, next_token, next_sibling, target_pre
     return accept
 
 
-def triton_walk(candidates, retrieve_index, next_token, next_sibling, target_predict):
-    from sglang.kernels.ops.speculative import spec_tree
+def greedy_verify_module():
+    """The module SGLang's greedy tree verify lives in, in this release."""
+    from sglang.srt.speculative import eagle_utils
 
+    spec_tree = SPEC_TREE
+    return spec_tree if hasattr(spec_tree, "verify_tree_greedy_func") else eagle_utils
+
+
+# SGLang's Triton tree-verify kernel: in kernels/ from 0.5.16, triton_ops/ in 0.5.15; 0.5.14
+# has none (its tree verify is sgl_kernel's CUDA op only).
+SPEC_TREE = first_module(
+    "sglang.kernels.ops.speculative.spec_tree", "sglang.srt.speculative.triton_ops.spec_tree"
+)
+HAS_TRITON_TREE_KERNEL = V2 and hasattr(SPEC_TREE, "verify_tree_greedy_kernel_triton")
+out["triton_tree_kernel"] = HAS_TRITON_TREE_KERNEL
+CACHE_LOCS = first_module(
+    "sglang.kernels.ops.speculative.cache_locs", "sglang.srt.speculative.triton_ops.cache_locs"
+)
+
+
+def triton_walk(candidates, retrieve_index, next_token, next_sibling, target_predict):
+    spec_tree = SPEC_TREE
     bs, d = candidates.shape
     predicts = torch.full((bs * d,), -1, dtype=torch.int32)
     accept = torch.full((bs, d), -1, dtype=torch.int32)
@@ -319,14 +366,14 @@ for budget in (15, 8, 64):  # 15 first: its draws are the ones the checks were w
         deepest = max(deepest, int(walk.accept_len.max()))
         args = (candidates, vi.retrieve_index, vi.retrieve_next_token, vi.retrieve_next_sibling)
         walk_mismatch += int((kernel_walk(*args, flat_target) != reference).any(1).sum())
-        if V2:
+        if HAS_TRITON_TREE_KERNEL:
             triton_mismatch += int((triton_walk(*args, target) != reference).any(1).sum())
         trials += bs
 
     wide[budget] = {
         "trials": trials, "widths": sorted(widths), "mask_errors": mask_errors[:5],
         "position_errors": position_errors, "kernel_walk_mismatches": walk_mismatch,
-        "triton_kernel_mismatches": triton_mismatch if V2 else None,
+        "triton_kernel_mismatches": triton_mismatch if HAS_TRITON_TREE_KERNEL else None,
         "deepest_accept_len": deepest,
     }  # fmt: skip
     if budget == 15:
@@ -339,7 +386,7 @@ out["verify_input"] = {
     "mask_errors": mask_errors[:5],
     "position_errors": position_errors,
     "kernel_walk_mismatches": walk_mismatch,
-    "triton_kernel_mismatches": triton_mismatch if V2 else None,
+    "triton_kernel_mismatches": triton_mismatch if HAS_TRITON_TREE_KERNEL else None,
     "deepest_accept_len": deepest,
     "draft_token_num": d,
     "retrieve_dtype": str(vi.retrieve_index.dtype),
@@ -363,12 +410,13 @@ if not V2:
 
 
 # --- one verify round end to end on CPU, with stand-ins only for the GPU: the CUDA
-# greedy-verify op (replaced by SGLang's Triton kernel on 0.5.23, by the transcription on
-# 0.5.13, where the op exists only in sgl_kernel), the KV allocator and the requests.
+# greedy-verify op (replaced by SGLang's Triton kernel where the release has one, 0.5.15
+# on; by the transcription on 0.5.13 and 0.5.14, where the op exists only in sgl_kernel),
+# the KV allocator and the requests.
 # SGLang's Triton bookkeeping kernels run for real in the Triton interpreter.
 def greedy_standin(predicts, accept_index, accept_token_num, candidates, retrieve_index,
                    retrieve_next_token, retrieve_next_sibling, target_predict, **_):  # fmt: skip
-    if V2:
+    if HAS_TRITON_TREE_KERNEL:
         accept = triton_walk(candidates, retrieve_index, retrieve_next_token,
                              retrieve_next_sibling, target_predict)  # fmt: skip
     else:
@@ -380,6 +428,48 @@ def greedy_standin(predicts, accept_index, accept_token_num, candidates, retriev
     for row in accept[accept >= 0].tolist():
         predicts[row] = flat[row]
     return predicts, accept_index, accept_token_num
+
+
+class CacheLocsTranscribed:
+    """SGLang's ``assign_extend_cache_locs`` Triton kernel, transcribed: each request's
+    req_to_token[row, start:end], packed one request after another (cache_locs.py). Used
+    only where the Triton interpreter cannot run the kernel (triton 3.6, the pin of torch
+    2.11: a scalar load yields a one-element array); the probe reports which ran."""
+
+    def __getitem__(self, grid):
+        def run(req_pool_indices, req_to_token, start_offset, end_offset, out, *_):
+            pos = 0
+            for b in range(int(grid[0])):
+                start, end = int(start_offset[b]), int(end_offset[b])
+                row = req_to_token[int(req_pool_indices[b])]
+                out[pos : pos + end - start] = row[start:end].to(out.dtype)
+                pos += end - start
+
+        return run
+
+
+def cache_locs_kernel_runs() -> str | None:
+    """None when SGLang's cache-loc kernel runs in the Triton interpreter, else why not."""
+    cache_locs = CACHE_LOCS
+    req_to_token = torch.arange(8, dtype=torch.int32).view(2, 4)
+    out = torch.zeros(3, dtype=torch.int64)
+    try:
+        cache_locs.assign_extend_cache_locs[(2,)](
+            torch.tensor([1, 0]), req_to_token, torch.tensor([1, 2]), torch.tensor([3, 3]),
+            out, 4, 2,
+        )  # fmt: skip
+    except Exception as exc:  # the probe reports it; the test decides
+        return f"{type(exc).__name__}: {exc}"
+    assert out.tolist() == [5, 6, 2], out.tolist()
+    return None
+
+
+if V2:
+    out["cache_locs_kernel_error"] = cache_locs_kernel_runs()
+    if out["cache_locs_kernel_error"] is not None:
+        from sglang.srt.speculative import spec_utils as _spec_utils  # noqa: E402
+
+        _spec_utils.assign_extend_cache_locs = CacheLocsTranscribed()
 
 
 class FakeReq:
@@ -437,18 +527,25 @@ def verify_round(budget: int) -> dict:
     round_facts = {"walk_accept_len": walk.accept_len.tolist()}
 
     if V2:
-        from sglang.kernels.ops.speculative import spec_tree
-
-        spec_tree.verify_tree_greedy_func = greedy_standin
+        greedy_verify_module().verify_tree_greedy_func = greedy_standin
         worker = TreeWorker.__new__(TreeWorker)
         worker.block_size, worker.verify_width = block, d
         worker._target_worker = types.SimpleNamespace(
             model_runner=types.SimpleNamespace(token_to_kv_pool_allocator=allocator)
         )
         worker._tree, worker._verify_input, worker._accept_rows = tree, vi, None
+        # req_to_token maps each request's verify window (releases before 0.5.19 read the
+        # move targets from it, later ones from the window itself).
+        pool_rows = torch.tensor([2, 0, 3])
+        req_to_token = torch.zeros((4, 200), dtype=torch.int32)
+        for b in range(bs):
+            p = int(prefix[b])
+            req_to_token[int(pool_rows[b]), p : p + d] = window.view(bs, d)[b].to(torch.int32)
         worker._verify_batch = types.SimpleNamespace(
-            seq_lens=prefix.to(torch.int64), out_cache_loc=window.clone()
-        )
+            seq_lens=prefix.to(torch.int64), out_cache_loc=window.clone(),
+            req_pool_indices=pool_rows,
+            req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
+        )  # fmt: skip
         # The caller hands over its [bs, block] token block (root + block - 1 drafts).
         accept_len, commit_lens, bonus, out_tokens, new_seq_lens = worker._accept_block(
             candidates=candidates[:, :block].clone(), next_token_logits=logits,
@@ -625,10 +722,14 @@ if not V2:
 # scheduler publishes them: each model runner's width comes through the algorithm's
 # target-verify hook, and the verify window is budget + 1 slots from the committed prefix.
 if V2:
-    from sglang.kernels.ops.speculative import cache_locs  # noqa: E402
+    cache_locs = CACHE_LOCS
     from sglang.srt import runtime_context  # noqa: E402
     from sglang.srt.arg_groups.speculative_hook import _handle_dflash  # noqa: E402
-    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator  # noqa: E402
+    from sglang.srt.speculative import dflash_info  # noqa: E402
+
+    WORKER_HAS_KV_PLAN = "kv_loc_plan" in {f.name for f in dataclasses.fields(dflash_info.DFlashVerifyInput)}
+    if WORKER_HAS_KV_PLAN:
+        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator  # noqa: E402
     from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
     from sglang.srt.speculative import ddtree_worker_v2  # noqa: E402
     from sglang.srt.speculative.spec_info import create_dummy_verify_input  # noqa: E402
@@ -638,7 +739,12 @@ if V2:
         """assign_extend_cache_locs_func's GPU branch: SGLang's Triton kernel, run by the
         interpreter (the function has no branch for a CPU build without sgl_kernel)."""
         loc = torch.empty((batch_size * draft_token_num,), dtype=torch.int64)
-        cache_locs.assign_extend_cache_locs[(batch_size,)](
+        kernel = (
+            cache_locs.assign_extend_cache_locs
+            if out["cache_locs_kernel_error"] is None
+            else CacheLocsTranscribed()
+        )
+        kernel[(batch_size,)](
             req_pool_indices, req_to_token, start_offset, end_offset, loc,
             req_to_token.shape[1], cache_locs.next_power_of_2(batch_size),
         )  # fmt: skip
@@ -651,27 +757,50 @@ if V2:
         args = server_args(**{**block16, "speculative_algorithm": "DFLASH" if is_dflash else "DDTREE",
                               "speculative_ddtree_budget": None if is_dflash else budget})  # fmt: skip
         (_handle_dflash if is_dflash else _handle_ddtree)(args)
-        runtime_context.publish(args, role="scheduler")
+        if hasattr(runtime_context, "publish"):  # 0.5.17 on
+            runtime_context.publish(args, role="scheduler")
+            spec_config = runtime_context.get_spec()
+        else:  # 0.5.14 - 0.5.16: the process-wide server arguments
+            from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+            set_global_server_args_for_scheduler(args)
+            spec_config = args
         algo_here = SpeculativeAlgorithm.from_string(resolved(args, "speculative_algorithm"))
         seen = {
-            "spec_num_draft_tokens": runtime_context.get_spec().speculative_num_draft_tokens,
-            "max_draft_tokens": runtime_context.max_speculative_num_draft_tokens(),
+            "spec_num_draft_tokens": spec_config.speculative_num_draft_tokens,
+            "max_draft_tokens": (
+                runtime_context.max_speculative_num_draft_tokens()
+                if SEPARATE_RESOLUTION
+                else max_draft_tokens_of(args)
+            ),
         }
+        dummy_takes_args = "server_args" in inspect.signature(create_dummy_verify_input).parameters
         for role, is_draft in (("target", False), ("draft", True)):
-            runner = types.SimpleNamespace(spec_algorithm=algo_here, is_draft_worker=is_draft)
-            per_req = ModelRunner.decode_num_tokens_per_req(runner)
-            dummy = create_dummy_verify_input(
-                algo_here, torch.ones(4, dtype=torch.bool), per_req, is_draft
+            runner = types.SimpleNamespace(
+                spec_algorithm=algo_here, is_draft_worker=is_draft, server_args=args
+            )
+            if hasattr(ModelRunner, "decode_num_tokens_per_req"):  # 0.5.16 on
+                per_req = ModelRunner.decode_num_tokens_per_req(runner)
+            else:
+                per_req = algo_here.get_num_tokens_per_bs_for_target_verify(
+                    args.speculative_num_draft_tokens, is_draft
+                )
+            mask = torch.ones(4, dtype=torch.bool)
+            dummy = (
+                create_dummy_verify_input(algo_here, args, mask, per_req, is_draft)
+                if dummy_takes_args
+                else create_dummy_verify_input(algo_here, mask, per_req, is_draft)
             )
             seen[role] = [per_req, dummy.draft_token_num, dummy.custom_mask is not None]
         if not is_dflash:
             width, block = int(budget) + 1, 16
             req_to_token = torch.arange(4 * 200, dtype=torch.int32).view(4, 200) + 1000
+            # The KV index plan, where the release's worker has one (0.5.22 on).
             translator = KVIndexTranslator(
                 req_to_token=req_to_token, page_size=1, device="cpu",
                 token_to_kv_pool_allocator=types.SimpleNamespace(page_size=1),
                 token_to_kv_pool=object(),
-            )  # fmt: skip
+            ) if WORKER_HAS_KV_PLAN else None  # fmt: skip
             pool_rows, prefix = torch.tensor([2, 0, 3]), torch.tensor([4, 9, 0])
             block_loc = cache_locs_interpreted(
                 req_pool_indices=pool_rows, req_to_token=req_to_token, start_offset=prefix,
@@ -680,14 +809,15 @@ if V2:
             block_plan = translator.plan(
                 req_pool_indices=pool_rows, seq_lens=prefix, seq_lens_cpu=prefix.clone(),
                 write_virtual=block_loc, read_extent=block,
-            )  # fmt: skip
+            ) if translator is not None else None  # fmt: skip
             worker = TreeWorker.__new__(TreeWorker)
             worker.block_size, worker.verify_width, worker.device = block, width, "cpu"
             worker.model_runner = types.SimpleNamespace(
                 req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token)
             )
+            runner_attrs = {} if translator is None else {"kv_index_translator": translator}
             worker._target_worker = types.SimpleNamespace(
-                model_runner=types.SimpleNamespace(kv_index_translator=translator)
+                model_runner=types.SimpleNamespace(**runner_attrs)
             )
             plan, loc = worker._verify_window(
                 batch=types.SimpleNamespace(req_pool_indices=pool_rows), prefix_lens=prefix,
@@ -696,13 +826,16 @@ if V2:
             expected = [req_to_token[r, p : p + width].tolist()
                         for r, p in zip(pool_rows.tolist(), prefix.tolist(), strict=True)]  # fmt: skip
             seen["window"] = {
-                "own_window": plan is not block_plan,
+                "own_window": loc is not block_loc,
                 "slots_ok": loc.view(3, width).tolist() == expected,
-                "plan_writes_ok": torch.equal(plan.write_ids(translator), loc),
-                "read_extent": plan.read_extent,
                 "block_leads_it": torch.equal(loc.view(3, width)[:, :block].reshape(-1), block_loc),
-                "block_plan_kept": torch.equal(block_plan.write_ids(translator), block_loc),
-            }
+                "kv_plan": None if translator is None else {
+                    "own": plan is not block_plan,
+                    "writes_ok": torch.equal(plan.write_ids(translator), loc),
+                    "read_extent": plan.read_extent,
+                    "block_plan_kept": torch.equal(block_plan.write_ids(translator), block_loc),
+                },
+            }  # fmt: skip
         widths[str(budget)] = seen
     out["widths"] = widths
 
@@ -762,13 +895,18 @@ out["validate"] = {
     "json_schema": validate_ddtree_request(request(json_schema="{}")),
 }
 
-# --- spec_need_hidden_states (v2 reads the published spec config; give it one)
+# --- spec_need_hidden_states (v2 reads the published spec config or the server
+# arguments, by release; give it DDTREE's)
 if V2:
     from sglang.srt.speculative import spec_utils  # noqa: E402
 
-    spec_utils.get_spec = lambda: types.SimpleNamespace(
+    ddtree_spec = types.SimpleNamespace(
         speculative_algorithm="DDTREE", enable_multi_layer_eagle=False
     )
-    out["spec_need_hidden_states"] = spec_utils.spec_need_hidden_states()
+    if "server_args" in inspect.signature(spec_utils.spec_need_hidden_states).parameters:
+        out["spec_need_hidden_states"] = spec_utils.spec_need_hidden_states(ddtree_spec)
+    else:
+        spec_utils.get_spec = lambda: ddtree_spec
+        out["spec_need_hidden_states"] = spec_utils.spec_need_hidden_states()
 
 print(json.dumps(out))

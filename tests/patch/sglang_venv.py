@@ -19,23 +19,55 @@ import sys
 from pathlib import Path
 
 _COMMON = [
-    "torch==2.14.1", "torchvision==0.29.1", "numpy", "psutil", "msgspec", "orjson",
+    "numpy", "psutil", "msgspec", "orjson",
     "pybase64", "requests", "packaging", "pillow", "starlette", "typing_extensions",
     "pydantic", "pyzmq", "IPython", "dill", "sentencepiece", "gguf", "partial_json_parser",
     "einops", "setproctitle", "aiohttp", "uvicorn", "fastapi", "triton",
 ]  # fmt: skip
 
-# Pins that follow each release's own requirements (its wheel METADATA).
+# torch with the torchvision built for it (the model-config chain imports torchvision).
+_TORCH = {
+    "2.11.0": ["torch==2.11.0", "torchvision==0.26.0"],
+    "2.13.0": ["torch==2.13.0", "torchvision==0.28.0"],
+    "2.14.1": ["torch==2.14.1", "torchvision==0.29.1"],
+}
+
+# Pins that follow each release's own requirements (its wheel METADATA). 0.5.13 keeps
+# torch 2.14.1: its venv was built that way first and other tests (exported checkpoints,
+# launcher refusals) share it; 0.5.17 and 0.5.21 run on their own torch pins.
 REQUIREMENTS: dict[str, list[str]] = {
     "0.5.13": [
-        *_COMMON, "transformers==5.8.1", "apache-tvm-ffi==0.1.9", "compressed-tensors",
-        "openai==2.6.1",
+        *_TORCH["2.14.1"], *_COMMON, "transformers==5.8.1", "apache-tvm-ffi==0.1.9",
+        "compressed-tensors", "openai==2.6.1",
+    ],
+    "0.5.17": [
+        *_TORCH["2.11.0"], *_COMMON, "transformers==5.12.1", "apache-tvm-ffi==0.1.11",
+        "compressed-tensors", "openai==2.6.1", "xgrammar==0.2.1",
+    ],
+    "0.5.21": [
+        *_TORCH["2.13.0"], *_COMMON, "transformers==5.12.1", "apache-tvm-ffi==0.1.11",
+        "compressed-tensors==0.18.0", "openai==2.6.1", "xgrammar==0.2.7",
     ],
     "0.5.23": [
-        *_COMMON, "transformers==5.19.0", "apache-tvm-ffi==0.1.11",
+        *_TORCH["2.14.1"], *_COMMON, "transformers==5.19.0", "apache-tvm-ffi==0.1.11",
         "compressed-tensors==0.18.0", "openai==2.8.0",
     ],
 }  # fmt: skip
+
+
+# Releases without a venv of their own share the one of a release with their torch pin
+# (their wheel METADATA: 0.5.13.post1-0.5.17 torch 2.11.0, 0.5.18-0.5.21 torch 2.13.0,
+# 0.5.22-0.5.23 torch 2.14.1).
+SHARES_VENV = {
+    "0.5.13.post1": "0.5.13", "0.5.14": "0.5.17", "0.5.15": "0.5.17",
+    "0.5.15.post1": "0.5.17", "0.5.16": "0.5.17", "0.5.18": "0.5.21", "0.5.19": "0.5.21",
+    "0.5.20": "0.5.21", "0.5.22": "0.5.23",
+}  # fmt: skip
+
+
+def venv_release(version: str) -> str:
+    """The release whose requirement list builds the venv ``version`` is imported in."""
+    return SHARES_VENV.get(version, version)
 
 
 def venv_cache_dir() -> Path:
@@ -49,6 +81,15 @@ def venv_cache_dir() -> Path:
 def venv_dir(version: str) -> Path:
     key = hashlib.sha256("\n".join(REQUIREMENTS[version]).encode()).hexdigest()[:12]
     return venv_cache_dir() / f"sglang-{version}-cpu-{key}"
+
+
+def _index_only_env() -> dict[str, str]:
+    """pip's environment with local wheel folders and pip config files left out: torch and
+    torchvision must both come from the package index (a CPU-only torch from a local
+    folder next to the index's torchvision fails at import: torchvision::nms missing)."""
+    env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return env
 
 
 def ensure_venv(version: str) -> Path:
@@ -69,7 +110,7 @@ def ensure_venv(version: str) -> Path:
             subprocess.run(
                 [str(building / "bin" / "python"), "-m", "pip", "install", "--quiet",
                  "--disable-pip-version-check", *REQUIREMENTS[version]],
-                check=True, capture_output=True, text=True,
+                check=True, capture_output=True, text=True, env=_index_only_env(),
             )  # fmt: skip
         except subprocess.CalledProcessError as exc:
             shutil.rmtree(building, ignore_errors=True)

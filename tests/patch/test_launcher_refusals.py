@@ -5,6 +5,11 @@ venv, with ``--device cpu`` (SGLang's CPU engine switch): argument handling runs
 on a GPU host, and each refused configuration must exit non-zero with its message. An
 accepted configuration gets past argument handling and then stops where this venv lacks
 server dependencies; that is outside what is tested here.
+
+Only 0.5.13's launcher is run here: 0.5.17's, tried the same way, stops before argument
+handling, importing ``sgl_kernel`` (a compiled kernel package this venv lacks) for its CPU
+KV-cache copy. The v2 releases' refusals are checked by calling ``_handle_ddtree`` in the
+import tier, and on the real launcher on the GPU.
 """
 
 from __future__ import annotations

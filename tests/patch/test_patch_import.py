@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from ddtree_cli.patching import engine, snapshot
-from tests.patch.conftest import VERSIONS
-from tests.patch.sglang_venv import venv_python
+from ddtree_cli.patching.series import version_key
+from tests.patch.conftest import IMPORT_VERSIONS, RELEASES
+from tests.patch.sglang_venv import venv_python, venv_release
 
 pytestmark = [pytest.mark.sglang_import, pytest.mark.slow]
 PROBE = Path(__file__).with_name("probe_sglang.py")
@@ -42,10 +43,10 @@ def _model_configs(root: Path) -> Path:
     return root
 
 
-@pytest.fixture(scope="module", params=VERSIONS)
+@pytest.fixture(scope="module", params=IMPORT_VERSIONS)
 def probe(request, pristine_root, tmp_path_factory):
     version = request.param
-    python = venv_python(version)
+    python = venv_python(venv_release(version))
     work = tmp_path_factory.mktemp(f"import-{version}")
     root = work / "snapshot"
     import shutil
@@ -66,6 +67,14 @@ def probe(request, pristine_root, tmp_path_factory):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     return version, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def is_v1(version: str) -> bool:
+    return RELEASES[version]["layout"] == "v1"
+
+
+def at_least(version: str, release: str) -> bool:
+    return version_key(version) >= version_key(release)
 
 
 def test_algorithm_lookup_and_plugin_registry(probe):
@@ -89,9 +98,9 @@ def test_server_argument_validation(probe):
         assert handle[ok] == {"error": None, "budget": 15, "disable_overlap_schedule": True}
     assert "requires --page-size 1, got 4" in handle["page_size_4"]["error"]
     assert "triton or flashinfer" in handle["fa3"]["error"] and "'fa3'" in handle["fa3"]["error"]
-    if version == "0.5.13":  # the budget is apart from the block size
+    if is_v1(version):  # the budget is apart from the block size
         assert handle["budget_7"] == {"error": None, "budget": 7, "disable_overlap_schedule": True}
-    else:  # 0.5.23: apart from it too, but the verify width may not be below the block
+    else:  # v2: apart from it too, but the verify width may not be below the block
         assert "--speculative-ddtree-budget >= block size - 1 (15)" in handle["budget_7"]["error"]
     hybrid = handle["hybrid"]["error"]
     assert "refuses hybrid target models" in hybrid and "qwen3_next" in hybrid
@@ -106,7 +115,7 @@ def test_workers_refuse_algorithms_they_cannot_run(probe):
     assert (
         facts["chain_worker_with_eagle"] == "ValueError: Unsupported speculative algorithm: EAGLE"
     )
-    worker = "DDTreeWorker" if version == "0.5.13" else "DDTreeWorkerV2"
+    worker = "DDTreeWorker" if is_v1(version) else "DDTreeWorkerV2"
     assert facts["create_worker"]["True"] == worker
     assert "does not support overlap scheduling" in facts["create_worker"]["False"]
 
@@ -119,13 +128,16 @@ def test_verify_input_matches_sglang_tree_verify(probe):
     assert vi["kernel_walk_mismatches"] == 0
     assert vi["retrieve_dtype"] == "torch.int64"
     assert vi["deepest_accept_len"] >= 4  # the walks went below the first level
-    if version == "0.5.23":
-        assert vi["triton_kernel_mismatches"] == 0  # SGLang's own kernel, interpreted
+    if not is_v1(version):
+        # SGLang's own Triton tree-verify kernel, interpreted (0.5.14 has none: CUDA only)
+        assert facts["triton_tree_kernel"] is at_least(version, "0.5.15")
+    if facts["triton_tree_kernel"]:
+        assert vi["triton_kernel_mismatches"] == 0
     assert facts["capture_dummy"] == {
         "target_has_mask": True, "draft_has_mask": False,
         "target_capture_hidden": "FULL", "draft_capture_hidden": "NULL",
     }  # fmt: skip
-    if version == "0.5.13":
+    if is_v1(version):
         assert (
             facts["prepare_page_size_4"] == "RuntimeError: DDTREE requires page_size == 1, got 4."
         )
@@ -152,7 +164,7 @@ def test_request_validation_and_hidden_state_relay(probe):
     assert "return_logprob" in validate["logprob"]
     assert "grammar-constrained" in validate["regex"]
     assert "grammar-constrained" in validate["json_schema"]
-    if version == "0.5.23":
+    if not is_v1(version):
         assert facts["spec_need_hidden_states"] is False
 
 
@@ -165,7 +177,7 @@ def test_verify_round_commits_the_accepted_path(probe):
     version, facts = probe
     r = facts["verify_round"]
     assert max(r["walk_accept_len"]) > 2  # the target followed a path below the root
-    if version == "0.5.13":
+    if is_v1(version):
         # The third request finishes after 2 tokens: its commit stops there.
         assert r["commit_lens"] == [*r["walk_accept_len"][:2], 2]
         assert r["appended"] == r["expected_appended"]
@@ -198,11 +210,12 @@ def test_verify_round_commits_the_accepted_path(probe):
 
 
 def test_budgets_apart_from_the_drafter_block(probe):
-    """A block-16 drafter (block size from its dflash_config) with budgets 8 to 64. 0.5.23
-    takes budgets >= block - 1 (a verify width of at least the block) and refuses less."""
+    """A block-16 drafter (block size from its dflash_config) with budgets 8 to 64. The v2
+    layout takes budgets >= block - 1 (a verify width of at least the block) and refuses
+    less; 0.5.13 (v1) takes any budget from 1."""
     version, facts = probe
     budgets = facts["budgets"]
-    if version == "0.5.23":
+    if not is_v1(version):
         for name, budget in (("default", 15), ("budget_15", 15), ("budget_32", 32),
                              ("budget_64", 64), ("explicit_block", 64),
                              ("num_draft_tokens_block", 64)):  # fmt: skip
@@ -230,12 +243,21 @@ def test_budgets_apart_from_the_drafter_block(probe):
         assert "--speculative-ddtree-budget must be between 1 and" in budgets[bad]["error"]
 
 
-@pytest.mark.parametrize("probe", ["0.5.23"], indirect=True)
+@pytest.mark.parametrize(
+    "probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True
+)
 def test_each_runner_gets_its_width_v2(probe):
-    """0.5.23, with the resolved arguments published: the target runner is sized (graphs,
+    """v2, with the resolved arguments published: the target runner is sized (graphs,
     logits rows, warmup dummy with the tree mask) at budget + 1, the draft runner at its
-    block; the verify gets a window of budget + 1 slots that starts with the block's."""
-    _, facts = probe
+    block; the verify gets a window of budget + 1 slots that starts with the block's (and,
+    from 0.5.22, a KV index plan of its own)."""
+    version, facts = probe
+    # 0.5.13 to 0.5.18 resolve the arguments in place; 0.5.19 on through a resolving view.
+    assert facts["separate_resolution"] is at_least(version, "0.5.19")
+    # SGLang's cache-loc kernel runs in the Triton interpreter except on triton 3.6 (the
+    # pin of torch 2.11, so 0.5.17), where the probe's transcription of it stands in.
+    if venv_release(version) != "0.5.17":
+        assert facts["cache_locs_kernel_error"] is None
     chain = facts["widths"].pop("dflash")  # DFLASH keeps one width: the block
     assert chain["spec_num_draft_tokens"] == chain["max_draft_tokens"] == 16
     assert chain["target"] == [16, 16, False] and chain["draft"] == [16, 16, False]
@@ -246,9 +268,13 @@ def test_each_runner_gets_its_width_v2(probe):
         assert seen["draft"] == [16, 16, False]
         window = seen["window"]
         assert window["own_window"] is (width != 16)  # budget 15: DFLASH's window as is
-        assert window["slots_ok"] and window["plan_writes_ok"]
-        assert window["read_extent"] == width
-        assert window["block_leads_it"] and window["block_plan_kept"]
+        assert window["slots_ok"] and window["block_leads_it"]
+        plan = window["kv_plan"]
+        if at_least(version, "0.5.22"):
+            assert plan["own"] is (width != 16) and plan["writes_ok"]
+            assert plan["read_extent"] == width and plan["block_plan_kept"]
+        else:
+            assert plan is None  # no KV index plan in this release
 
 
 @pytest.mark.parametrize("probe", ["0.5.13"], indirect=True)
@@ -281,9 +307,9 @@ def test_verify_inputs_at_budgets_8_and_64(probe):
         assert vi["mask_errors"] == [] and vi["position_errors"] == 0
         assert vi["kernel_walk_mismatches"] == 0
         assert vi["deepest_accept_len"] >= 4
-        if version == "0.5.23":
+        if facts["triton_tree_kernel"]:
             assert vi["triton_kernel_mismatches"] == 0  # SGLang's own kernel at width 65
-    if version == "0.5.23":  # the DDTREE v2 worker's round at verify widths 33 and 65
+    if not is_v1(version):  # the DDTREE v2 worker's round at verify widths 33 and 65
         for name in ("verify_round_32", "verify_round_64"):
             r = facts[name]
             assert max(r["walk_accept_len"]) > 2

@@ -1,4 +1,7 @@
-"""`ddtree patch` on real SGLang release wheels (0.5.13: v1 layout, 0.5.23: v2 layout)."""
+"""`ddtree patch` on real SGLang release wheels: every release in tests/patch/releases.json.
+
+Each is patched from an extracted wheel, an installed package folder and a git checkout's
+layout, exported for `git apply`, fetched with `--fetch`, and recognised by content."""
 
 from __future__ import annotations
 
@@ -11,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_cli.errors import DdtreeError
 from ddtree_cli.patching import engine, fetch, series, snapshot
 from tests.conftest import require
-from tests.patch.conftest import VERSIONS, tree_digest
+from tests.patch.conftest import RELEASES, VERSIONS, tree_digest
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -38,18 +40,31 @@ def require_git() -> None:
     require(shutil.which("git") is not None, "git is not installed")
 
 
+def test_every_shipped_series_is_in_the_release_table():
+    for version in series.supported_versions():
+        assert RELEASES[version]["series"] == version
+        assert RELEASES[version]["layout"] == series.load(version).layout
+    assert {entry["series"] for entry in RELEASES.values()} == set(series.supported_versions())
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_apply_check_reapply_revert_round_trip(version, snapshot_copy):
+    expected = RELEASES[version]
     root = snapshot_copy(version)
     before = tree_digest(root)
     snap = snapshot.detect(root)
-    assert (snap.version, snap.layout.value) == (version, "v1" if version == "0.5.13" else "v2")
+    assert (snap.version, snap.layout.value) == (version, expected["layout"])
 
-    assert run_cli(str(root), "--check").returncode == 5  # pristine is not "applied"
+    pristine = run_cli(str(root), "--check", "--json")
+    assert pristine.returncode == 5  # pristine is not "applied"
+    report = json.loads(pristine.stdout)
+    assert report["state"] == "pristine" and report["series"] == expected["series"]
+    assert report["match"]["how"] == "content"  # recognised by its files
     applied = run_cli(str(root), "--json")
     assert applied.returncode == 0, applied.stderr
     result = json.loads(applied.stdout)
-    touched = set(series.load(version).touched)
+    assert result["series"] == expected["series"] and result["forced"] is False
+    touched = set(series.load(expected["series"]).touched)
     assert set(result["changed"]) == touched
     assert set(result["compiled"]) == touched  # every touched file is Python and compiled
     for rel in touched:  # compile what is on disk, independently of the tool
@@ -58,7 +73,9 @@ def test_apply_check_reapply_revert_round_trip(version, snapshot_copy):
 
     check = run_cli(str(root), "--check", "--json")
     assert check.returncode == 0, check.stderr
-    assert json.loads(check.stdout)["state"] == "applied"
+    report = json.loads(check.stdout)
+    assert report["state"] == "applied" and report["series"] == expected["series"]
+    assert report["match"]["how"] == "recorded" and report["forced"] is False
 
     after_apply = tree_digest(root)
     again = run_cli(str(root), "--json")
@@ -71,7 +88,21 @@ def test_apply_check_reapply_revert_round_trip(version, snapshot_copy):
     assert not (root / ".ddtree").exists()
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+def test_a_release_is_recognised_by_content_not_by_its_version(snapshot_copy):
+    # 0.5.13.post1 ships every file the 0.5.13 series touches byte for byte.
+    out = run_cli(str(snapshot_copy("0.5.13.post1")), "--check", "--json")
+    report = json.loads(out.stdout)
+    assert report["snapshot"]["version"] == "0.5.13.post1" and report["series"] == "0.5.13"
+    assert report["match"]["how"] == "content"
+    assert "byte-identical to 0.5.13's" in report["match"]["why"]
+    # A release under a version string nobody knows is still recognised by its files.
+    root = snapshot_copy("0.5.17", "renamed")
+    _set_version(root, "0.5.17.dev9")
+    report = json.loads(run_cli(str(root), "--check", "--json").stdout)
+    assert (report["series"], report["match"]["how"]) == ("0.5.17", "content")
+
+
+@pytest.mark.parametrize("version", sorted(series.supported_versions()))
 def test_drifted_file_is_refused_and_nothing_changes(version, snapshot_copy):
     root = snapshot_copy(version)
     target = root / "sglang/srt/speculative/spec_info.py"
@@ -95,41 +126,72 @@ def _set_version(root: Path, version: str) -> None:
     generated.write_text(text.replace(repr(old), repr(version)).replace(f'"{old}"', f'"{version}"'))
 
 
-def test_unknown_version_is_refused_with_the_supported_list(snapshot_copy):
-    root = snapshot_copy("0.5.23")
+def _unknown_content(snapshot_copy, base: str = "0.5.23") -> Path:
+    """A release under an unknown version whose spec_info.py no release shipped: two
+    local lines on top shift every hunk, whose anchors still fit."""
+    root = snapshot_copy(base)
     _set_version(root, "0.5.99")
+    spec_info = root / "sglang/srt/speculative/spec_info.py"
+    spec_info.write_text("# local header\n# another line\n" + spec_info.read_text())
+    return root
+
+
+def test_unknown_content_is_refused_with_the_nearest_series_and_nothing_changes(snapshot_copy):
+    root = _unknown_content(snapshot_copy)
     before = tree_digest(root)
     out = run_cli(str(root))
-    assert out.returncode != 0
+    assert out.returncode == 1 and "Traceback" not in out.stderr
     message = " ".join(out.stderr.split())
-    assert "0.5.99 is not supported" in message
-    for version in VERSIONS:
-        assert version in message
+    assert "0.5.99" in message and "matches no supported release by content" in message
+    assert "nearest series 0.5.23: all 29 of its hunks find a unique anchor" in message
+    assert "--force applies that series" in message
+    assert run_cli(str(root), "--check").returncode == 1
     assert tree_digest(root) == before
 
 
-def test_force_matches_anchors_on_an_unknown_version(snapshot_copy):
-    root = snapshot_copy("0.5.23")
-    _set_version(root, "0.5.99")
-    # Shift every hunk of one file: strict line numbers no longer fit, anchors still do.
+def test_force_applies_when_every_anchor_is_unique_and_check_says_forced(snapshot_copy):
+    root = _unknown_content(snapshot_copy)
     spec_info = root / "sglang/srt/speculative/spec_info.py"
-    spec_info.write_text("# local header\n# another line\n" + spec_info.read_text())
-    result = engine.apply(snapshot.detect(root), force=True)
-    assert result.forced and result.series_version == "0.5.23"
+    before = tree_digest(root)
+    out = run_cli(str(root), "--force", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["forced"] is True and result["series"] == "0.5.23"
+    assert result["match"]["how"] == "forced"
     assert "    DDTREE = auto()\n" in spec_info.read_text()
-    assert engine.check(snapshot.detect(root), force=True).state is engine.State.APPLIED
-    engine.revert(snapshot.detect(root))
-    assert spec_info.read_text().startswith("# local header\n")
+    check = run_cli(str(root), "--check")
+    assert check.returncode == 0
+    assert "applied (forced, series 0.5.23)" in " ".join(check.stdout.split())
+    report = json.loads(run_cli(str(root), "--check", "--json").stdout)
+    assert report["state"] == "applied" and report["forced"] is True
+    assert run_cli(str(root), "--revert").returncode == 0
+    assert tree_digest(root) == before
 
 
-def test_force_still_refuses_a_missing_anchor(snapshot_copy):
-    root = snapshot_copy("0.5.23")
-    _set_version(root, "0.5.99")
+def test_force_refuses_a_missing_anchor_and_names_the_hunks(snapshot_copy):
+    root = _unknown_content(snapshot_copy)
     spec_registry = root / "sglang/srt/speculative/spec_registry.py"
     spec_registry.write_text(spec_registry.read_text().replace("def is_dflash_family", "def x"))
     before = tree_digest(root)
-    with pytest.raises(DdtreeError, match="spec_registry.py: anchor of hunk 1 not found"):
-        engine.apply(snapshot.detect(root), force=True)
+    for args in ((), ("--force",)):
+        out = run_cli(str(root), *args)
+        assert out.returncode == 1
+        message = " ".join(out.stderr.split())
+        assert "nearest series 0.5.23: 1 of its 29 hunks would not apply" in message
+        assert "spec_registry.py: hunk 1 (anchor not found)" in message
+    assert tree_digest(root) == before
+
+
+def test_force_refuses_an_ambiguous_anchor(snapshot_copy):
+    root = _unknown_content(snapshot_copy)
+    spec_registry = root / "sglang/srt/speculative/spec_registry.py"
+    text = spec_registry.read_text()
+    anchor = series.load("0.5.23").diffs["sglang/srt/speculative/spec_registry.py"].hunks[0]
+    spec_registry.write_text(text + "\n" + "".join(anchor.old_lines))  # its context, twice
+    before = tree_digest(root)
+    out = run_cli(str(root), "--force")
+    assert out.returncode == 1
+    assert "spec_registry.py: hunk 1 (anchor is ambiguous)" in " ".join(out.stderr.split())
     assert tree_digest(root) == before
 
 
@@ -151,6 +213,7 @@ def test_dry_run_prints_the_diff_and_writes_nothing(snapshot_copy):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_export_applies_with_git_apply(version, snapshot_copy, tmp_path):
     require_git()
+    touched = series.load(RELEASES[version]["series"]).touched
     ours = snapshot_copy(version, "ours")
     theirs = snapshot_copy(version, "theirs")
     patch_file = tmp_path / "ddtree.patch"
@@ -158,7 +221,7 @@ def test_export_applies_with_git_apply(version, snapshot_copy, tmp_path):
     engine.apply(snapshot.detect(ours))
     git("apply", "--check", str(patch_file), cwd=theirs)
     git("apply", str(patch_file), cwd=theirs)
-    for rel in series.load(version).touched:
+    for rel in touched:
         assert (theirs / rel).read_bytes() == (ours / rel).read_bytes(), rel
     # A snapshot patched by `git apply` is recognised as applied, and re-applying is a no-op.
     assert engine.check(snapshot.detect(theirs)).state is engine.State.APPLIED
@@ -169,18 +232,39 @@ def test_export_applies_with_git_apply(version, snapshot_copy, tmp_path):
     assert tree_digest(theirs) == tree_digest(snapshot_copy(version, "pristine"))
 
 
-def test_git_checkout_layout(pristine_root, tmp_path):
+# What an sglang checkout has next to python/sglang/ (its real pyproject is much longer; the
+# tool reads neither). The checkout is built from the wheel's files: upstream tags are not
+# reachable from the test machines, and the wheel's python files are the tag's.
+CHECKOUT_PYPROJECT = """[build-system]
+requires = ["setuptools>=61.0", "setuptools-scm>=8.0", "wheel"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "sglang"
+dynamic = ["version"]
+requires-python = ">=3.10"
+
+[tool.setuptools_scm]
+root = ".."
+version_file = "sglang/_version.py"
+"""
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_git_checkout_layout(version, pristine_root, tmp_path):
     require_git()
     checkout = tmp_path / "sglang-checkout"
-    shutil.copytree(pristine_root("0.5.23") / "sglang", checkout / "python" / "sglang")
-    (checkout / "python" / "sglang" / "_version.py").unlink()  # a checkout has no build file
+    shutil.copytree(pristine_root(version) / "sglang", checkout / "python" / "sglang")
+    (checkout / "python" / "sglang" / "_version.py").unlink()  # generated at build time
+    (checkout / "python" / "pyproject.toml").write_text(CHECKOUT_PYPROJECT)
+    (checkout / ".gitignore").write_text("python/sglang/_version.py\n")
     git("init", "-q", cwd=checkout)
     git("add", "-A", cwd=checkout)
     git("commit", "-qm", "release", cwd=checkout)
-    git("tag", "v0.5.23", cwd=checkout)
+    git("tag", f"v{version}", cwd=checkout)
 
     snap = snapshot.detect(checkout)
-    assert snap.kind is snapshot.SnapshotKind.GIT and snap.version == "0.5.23"
+    assert snap.kind is snapshot.SnapshotKind.GIT and snap.version == version
     assert snapshot.detect(checkout / "python" / "sglang").root == snap.root
     patch_file = tmp_path / "checkout.patch"
     out = run_cli(str(checkout), "--export", str(patch_file))
@@ -188,7 +272,9 @@ def test_git_checkout_layout(pristine_root, tmp_path):
     assert "+++ b/python/sglang/srt/speculative/spec_info.py" in patch_file.read_text()
     git("apply", "--check", str(patch_file), cwd=checkout)  # from the checkout root
 
-    assert run_cli(str(checkout)).returncode == 0
+    applied = run_cli(str(checkout), "--json")
+    assert applied.returncode == 0, applied.stderr
+    assert json.loads(applied.stdout)["series"] == RELEASES[version]["series"]
     status = git("status", "--porcelain", cwd=checkout).stdout
     assert " M python/sglang/srt/speculative/spec_info.py" in status
     assert run_cli(str(checkout / "python" / "sglang"), "--check").returncode == 0
@@ -196,8 +282,10 @@ def test_git_checkout_layout(pristine_root, tmp_path):
     assert git("status", "--porcelain", cwd=checkout).stdout == ""
 
 
-def test_installed_package_layout(tmp_path):
-    wheel = fetch.cached_wheel("0.5.13") or fetch.download_wheel("0.5.13")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_installed_package_layout(version, pristine_root, tmp_path):
+    pristine_root(version)  # downloads the wheel, or skips with the reason
+    wheel = fetch.cached_wheel(version)
     site = tmp_path / "site-packages"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
@@ -208,8 +296,10 @@ def test_installed_package_layout(tmp_path):
     (package / "_version.py").unlink()  # the version must then come from the dist-info
     before = tree_digest(site)
     snap = snapshot.detect(package)
-    assert (snap.version, snap.root) == ("0.5.13", site)
-    assert run_cli(str(package)).returncode == 0
+    assert (snap.version, snap.root) == (version, site)
+    applied = run_cli(str(package), "--json")
+    assert applied.returncode == 0, applied.stderr
+    assert json.loads(applied.stdout)["series"] == RELEASES[version]["series"]
     assert run_cli(str(package), "--check").returncode == 0
     assert run_cli(str(package), "--revert").returncode == 0
     assert tree_digest(site) == before
@@ -236,13 +326,15 @@ def test_failure_mid_apply_leaves_nothing_changed(failure, snapshot_copy, monkey
     assert tree_digest(root) == before
 
 
-def test_fetch_extracts_a_snapshot(pristine_root, tmp_path):
-    pristine_root("0.5.13")  # make sure the wheel is cached
+@pytest.mark.parametrize("version", VERSIONS)
+def test_fetch_extracts_a_snapshot(version, pristine_root, tmp_path):
+    pristine_root(version)  # make sure the wheel is cached
     into = tmp_path / "fetched"
-    out = run_cli("--fetch", "0.5.13", "--into", str(into), "--json")
+    out = run_cli("--fetch", version, "--into", str(into), "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert data["snapshot"]["version"] == "0.5.13" and data["supported"] is True
-    assert tree_digest(into) == tree_digest(pristine_root("0.5.13"))
-    again = run_cli("--fetch", "0.5.13", "--into", str(into))
+    assert data["snapshot"]["version"] == version and data["supported"] is True
+    assert data["match"]["series"] == RELEASES[version]["series"]
+    assert tree_digest(into) == tree_digest(pristine_root(version))
+    again = run_cli("--fetch", version, "--into", str(into))
     assert again.returncode != 0 and "not empty" in " ".join(again.stderr.split())

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddtree_cli.patching import series
+from ddtree_cli.patching import compare, series
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -65,12 +65,39 @@ def test_bad_fetch_version_is_refused(tmp_path):
 
 
 def test_series_are_shipped_and_consistent():
-    assert series.supported_versions() == ["0.5.13", "0.5.23"]
-    for version, layout in (("0.5.13", "v1"), ("0.5.23", "v2")):
+    shipped = series.supported_versions()
+    assert shipped[0] == "0.5.13" and shipped[-1] == "0.5.23"
+    for version in shipped:
         s = series.load(version)
-        assert s.layout == layout and s.version == version
+        assert s.version == version and s.layout == ("v1" if version == "0.5.13" else "v2")
         assert series.VENDORED_TREE_PATH in s.touched
         assert all(len(h) == 64 for h in s.pristine.values())
+        assert set(s.diffs) == set(s.pristine)  # hunks only on files the release ships
     # Shipped as package data, so an installed ddtree finds them too.
     root = Path(series.__file__).parent / "series"
-    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["0.5.13", "0.5.23"]
+    assert sorted(p.name for p in root.iterdir() if (p / "series.json").is_file()) == shipped
+
+
+def test_added_files_are_written_once_per_layout_family():
+    root = Path(series.__file__).parent / "series"
+    for release_patch in root.glob("*/release.patch"):
+        assert "new file mode" not in release_patch.read_text(), release_patch
+    v2 = [series.load(v) for v in series.supported_versions() if series.load(v).layout == "v2"]
+    family = series.family_files("v2")
+    assert "sglang/srt/speculative/ddtree_worker_v2.py" in family
+    assert "sglang/srt/speculative/ddtree_utils.py" in family  # from common/, for v1 too
+    assert "sglang/srt/speculative/ddtree_utils.py" in series.family_files("v1")
+    for s in v2:
+        assert set(s.added) == set(family)
+
+
+def test_compare_shows_only_what_differs_between_two_releases():
+    assert compare.compare("0.5.15", "0.5.15.post1") == [
+        "series 0.5.15 (v2) -> series 0.5.15.post1 (v2)"
+    ]
+    report = compare.compare("0.5.19", "0.5.20")
+    # 0.5.20 moved the speculative flags from server_args.py to arg_groups/fields/spec.py
+    assert "only 0.5.19: sglang/srt/server_args.py" in report
+    assert "only 0.5.20: sglang/srt/arg_groups/fields/spec.py" in report
+    assert "sglang/srt/speculative/dflash_worker_v2.py:" in report
+    assert not any("spec_registry.py" in line for line in report)  # the same edit in both

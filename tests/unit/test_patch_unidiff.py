@@ -47,3 +47,25 @@ def test_truncated_hunk_is_an_error():
     text = unidiff.make("a.py", OLD, NEW)
     with pytest.raises(unidiff.DiffError, match="truncated"):
         unidiff.parse(text.rsplit("\n", 3)[0] + "\n")
+
+
+def test_fuzzy_mode_refuses_an_ambiguous_anchor_even_at_its_recorded_line():
+    (diff,) = unidiff.parse(unidiff.make("a.py", OLD, NEW))
+    doubled = OLD + OLD  # hunk 1's context sits at its recorded line and again below
+    assert unidiff.apply(doubled, diff).startswith(NEW)  # strict: the recorded line wins
+    with pytest.raises(unidiff.DiffError, match="anchor of hunk 1 is ambiguous"):
+        unidiff.apply(doubled, diff, fuzzy=True)
+
+
+def test_unmatched_hunks_lists_every_hunk_that_would_not_apply():
+    (diff,) = unidiff.parse(unidiff.make("a.py", OLD, NEW))
+    assert unidiff.unmatched_hunks("header\n" + OLD, diff) == []
+    broken = OLD.replace("line 4\n", "other\n").replace("line 14\n", "other\n")
+    assert unidiff.unmatched_hunks(broken, diff) == [
+        "a.py: hunk 1 (anchor not found)",
+        "a.py: hunk 2 (anchor not found)",
+    ]
+    assert unidiff.unmatched_hunks(OLD + OLD, diff) == [
+        "a.py: hunk 1 (anchor is ambiguous)",
+        "a.py: hunk 2 (anchor is ambiguous)",
+    ]

@@ -1,0 +1,80 @@
+"""DDTREE verify input for the spec-v2 DFlash worker.
+
+The verify window (``D = budget + 1`` slots per request) holds a draft tree: slot 0
+is the root (the previous bonus token), then the tree nodes, every parent before its
+children. The target runs one TARGET_VERIFY pass under a FULL_MASK tree mask; positions are
+``prefix + depth``. The ``retrieve_*`` arrays are what SGLang's tree verify kernels walk.
+The algorithm itself lives in ``ddtree_tree.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.speculative import ddtree_tree
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+
+
+@dataclass
+class DDTreeVerifyInputV2(DFlashVerifyInput):
+    # int64 [bs, D]: flat row of each node, its first child, its next sibling (-1: none).
+    retrieve_index: Optional[torch.Tensor] = None
+    retrieve_next_token: Optional[torch.Tensor] = None
+    retrieve_next_sibling: Optional[torch.Tensor] = None
+
+    # Read by SGLang's tree verify helpers: an irregular tree, as for NGRAM.
+    @property
+    def max_tree_depth(self) -> int:
+        return int(self.draft_token_num)
+
+    @property
+    def tree_topk(self) -> int:
+        return -1
+
+    @classmethod
+    def from_tree(
+        cls,
+        tree: ddtree_tree.DraftTree,
+        root_tokens: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        *,
+        kv_loc_plan=None,
+    ) -> "DDTreeVerifyInputV2":
+        inputs = ddtree_tree.verify_inputs(tree, root_tokens, prefix_lens)
+        # The KV index plan exists from 0.5.22 on; earlier releases have no such field.
+        plan = {} if kv_loc_plan is None else {"kv_loc_plan": kv_loc_plan}
+        return cls(
+            draft_token=inputs.input_ids.reshape(-1),
+            positions=inputs.positions.reshape(-1),
+            draft_token_num=int(tree.num_slots),
+            custom_mask=inputs.tree_mask,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            **plan,
+            retrieve_index=inputs.retrieve_index,
+            retrieve_next_token=inputs.retrieve_next_token,
+            retrieve_next_sibling=inputs.retrieve_next_sibling,
+        )
+
+    @classmethod
+    def capture_dummy(
+        cls,
+        *,
+        draft_token_num: int,
+        custom_mask: Optional[torch.Tensor],
+        is_draft_worker: bool,
+    ) -> "DDTreeVerifyInputV2":
+        """The spec_info a CUDA graph is captured with: the target's carries the mask,
+        so triton and flashinfer bake the masked verify into the graph."""
+        return cls(
+            draft_token=None,
+            positions=None,
+            draft_token_num=int(draft_token_num),
+            custom_mask=None if is_draft_worker else custom_mask,
+            capture_hidden_mode=(
+                CaptureHiddenMode.NULL if is_draft_worker else CaptureHiddenMode.FULL
+            ),
+        )

@@ -1,0 +1,334 @@
+"""DDTREE worker for spec v2: the DFlash v2 worker with a draft tree instead of a chain.
+
+Prefill, the draft block forward, KV over-allocation, draft KV materialisation and the
+scheduler protocol are DFlash's. The drafter runs its block (``block_size``, from
+``speculative_dflash_block_size``); the target verifies the root plus ``budget`` nodes
+(``verify_width = budget + 1 = speculative_num_draft_tokens``, at least the block). Both
+windows start at the committed prefix, so the draft block's slots are the verify window's
+first ``block_size`` columns. DDTREE overrides these seams of the decode round:
+
+1. the draft head: per-position top-K log-probabilities (``ddtree_utils``) and a
+   best-first tree under the node budget (``ddtree_tree.build_tree_from_topk``);
+2. the verify input: tree tokens, ``prefix + depth`` positions and a FULL_MASK tree mask;
+3. accept: SGLang's ``verify_tree_greedy`` (greedy) or one target sample per node walked
+   by ``ddtree_tree.verify_walk`` (sampling: the output follows the target exactly), then
+   the accepted path's KV moves to the front of the verify window;
+4. the committed target hidden states: the accepted path's rows, front-compacted, feed
+   the draft KV materialisation (``block_size`` rows per request: the tree is at most
+   ``block_size - 1`` deep, so the accepted path fits the draft block);
+5. the widths: the drafter's block size and the verify window of ``verify_width`` slots.
+
+The same file serves every v2 release (0.5.14 on). Where SGLang moved something between
+them, this file looks for it rather than assuming one release: the DFlash worker's
+constructor arguments are passed on as given, the resolved arguments are read from the
+published spec config where there is one (0.5.17 on), the KV index plan (0.5.22 on) is
+used when the target runner has one, and SGLang's kernels (cache locations, tree verify)
+are imported from where the release keeps them. The per-release seams live in each
+release's ``dflash_worker_v2.py`` hunks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.runtime_context import get_parallel
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative import ddtree_tree
+from sglang.srt.speculative.ddtree_info_v2 import DDTreeVerifyInputV2
+from sglang.srt.speculative.ddtree_utils import draft_topk_logprobs
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.spec_info import (
+    SpeculativeAlgorithm,
+    ddtree_draft_block_size,
+)
+from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
+
+try:  # 0.5.16 on
+    from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+except ImportError:  # 0.5.14, 0.5.15
+    from sglang.srt.speculative.triton_ops.cache_locs import assign_extend_cache_locs_func
+try:  # 0.5.17 on: the resolved arguments as the scheduler published them
+    from sglang.srt.runtime_context import get_spec
+except ImportError:  # 0.5.14 - 0.5.16 resolve ServerArgs in place: it is the record
+    from sglang.srt.server_args import get_global_server_args as get_spec
+
+logger = logging.getLogger(__name__)
+
+
+def check_ddtree_worker_args(server_args: ServerArgs) -> SpeculativeAlgorithm:
+    """What a DDTreeWorkerV2 needs from its arguments, checked before any model loads."""
+    algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
+    if not algorithm.is_ddtree():
+        raise ValueError(
+            f"Unsupported speculative algorithm: {server_args.speculative_algorithm} "
+            "(DDTreeWorkerV2 runs DDTREE only)."
+        )
+    if int(server_args.page_size or 1) != 1:
+        raise ValueError(f"DDTREE requires page_size == 1, got {server_args.page_size}.")
+    return algorithm
+
+
+def _verify_tree_greedy_func():
+    """SGLang's greedy tree-verify kernel, from where this release keeps it."""
+    try:  # 0.5.23
+        from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_func
+    except ImportError:  # 0.5.14 - 0.5.22
+        from sglang.srt.speculative.eagle_utils import verify_tree_greedy_func
+    return verify_tree_greedy_func
+
+
+def _top_k_top_p_renorm(
+    probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor
+) -> torch.Tensor:
+    """Keep each row's top-k tokens and its smallest top-p nucleus, renormalised."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)
+    keep = ranks < top_ks.view(-1, 1).clamp_min(1)
+    keep &= (sorted_probs.cumsum(-1) - sorted_probs) < top_ps.view(-1, 1)
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs * keep)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+class DDTreeWorkerV2(DFlashWorkerV2):
+    """DDTree speculative decoding on the DFlash v2 worker (page_size 1, no overlap)."""
+
+    def __init__(self, server_args: ServerArgs, *args, **kwargs):
+        # The DFlash v2 worker's own arguments (they differ between releases): the target
+        # worker is always the last one.
+        check_ddtree_worker_args(server_args)
+        target_worker: TpModelWorker = kwargs.get("target_worker", args[-1] if args else None)
+        hybrid = getattr(target_worker.model_runner, "mambaish_config", None)
+        if hybrid is not None and not server_args.speculative_ddtree_allow_hybrid:
+            raise ValueError(
+                f"DDTREE refuses hybrid target models ({type(hybrid).__name__}); "
+                "pass --speculative-ddtree-allow-hybrid to override at your own risk."
+            )
+        super().__init__(server_args, *args, **kwargs)
+        if (
+            getattr(self, "_is_domino", False)
+            or getattr(self, "selector", None) is not None
+            or getattr(self, "lilicorr", None) is not None
+        ):
+            raise ValueError(
+                "DDTREE drafts with the plain DFlash head; Domino, selector and LiLiCorr "
+                "draft heads are not supported."
+            )
+        budget = get_spec().speculative_ddtree_budget
+        self.budget = int(self.block_size - 1 if budget is None else budget)
+        self.verify_width = self.budget + 1
+        # The target's graphs, verify mask and KV reservation are sized by
+        # speculative_num_draft_tokens; every draft-block slot must fit in it too.
+        spec_width = int(get_spec().speculative_num_draft_tokens)
+        if self.verify_width != spec_width or self.verify_width < int(self.block_size):
+            raise ValueError(
+                f"DDTREE needs speculative_num_draft_tokens == budget + 1 >= block size "
+                f"(run the arguments through _handle_ddtree); got budget={self.budget}, "
+                f"speculative_num_draft_tokens={spec_width}, block_size={self.block_size}."
+            )
+        # A rank-r node needs r better siblings in the tree, so K = budget is exact.
+        self.topk = self.budget
+        self._tree: Optional[ddtree_tree.DraftTree] = None
+        self._verify_batch: Optional[ScheduleBatch] = None
+        self._verify_input: Optional[DDTreeVerifyInputV2] = None
+        self._accept_rows: Optional[torch.Tensor] = None
+        if get_parallel().tp_rank == 0:
+            logger.info(
+                "DDTREE worker ready. budget=%d, top_k=%d, draft block_size=%d, "
+                "verify width=%d",
+                self.budget,
+                self.topk,
+                self.block_size,
+                self.verify_width,
+            )
+
+    def _drafter_block_size_arg(self) -> int:
+        return ddtree_draft_block_size(get_spec().speculative_num_draft_tokens)
+
+    def _verify_width(self) -> int:
+        return self.verify_width
+
+    def _verify_window(
+        self,
+        *,
+        batch: ScheduleBatch,
+        prefix_lens: torch.Tensor,
+        kv_loc_plan,
+        verify_out_cache_loc: torch.Tensor,
+    ):
+        """The verify's slots [prefix, prefix + verify_width): a window of its own when
+        the tree is wider than the draft block (its first block_size slots are the
+        draft block's, which keeps the draft block's plan for the draft KV writes)."""
+        width = self.verify_width
+        if width == int(self.block_size):
+            return kv_loc_plan, verify_out_cache_loc
+        bs = int(prefix_lens.shape[0])
+        cache_loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+            start_offset=prefix_lens,
+            end_offset=prefix_lens + width,
+            batch_size=bs,
+            draft_token_num=width,
+            device=self.device,
+        )
+        translator = getattr(self.target_worker.model_runner, "kv_index_translator", None)
+        if translator is None:  # before 0.5.22 the slots are the whole plan
+            return kv_loc_plan, cache_loc
+        plan = translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            seq_lens_cpu=kv_loc_plan.seq_lens_cpu,
+            write_virtual=cache_loc,
+            read_extent=width,
+        )
+        return plan, cache_loc
+
+    def _maybe_build_draft_sampler(self):
+        # The top-K head runs eagerly after the (graph-replayed) draft forward; the
+        # in-graph greedy sampler would only compute an argmax DDTREE does not use.
+        return None
+
+    def _draft_next_tokens(
+        self, *, draft_hidden: torch.Tensor, lm_head, bs: int
+    ) -> torch.Tensor:
+        logprobs, ids = draft_topk_logprobs(
+            draft_hidden[:, 1:, :], lm_head, self.topk, get_parallel().tp_group
+        )
+        self._tree = ddtree_tree.build_tree_from_topk(logprobs, ids, self.budget)
+        # The caller keeps a [bs, block_size] token block (root + block_size - 1); only
+        # its root is read back (_make_verify_input). The verify reads the whole tree.
+        return self._tree.tokens[:, : int(self.block_size) - 1]
+
+    def _make_verify_input(
+        self,
+        *,
+        batch: ScheduleBatch,
+        draft_tokens: torch.Tensor,
+        positions: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        kv_loc_plan,
+        verify_out_cache_loc: torch.Tensor,
+    ) -> DDTreeVerifyInputV2:
+        if self._tree is None:
+            raise RuntimeError("DDTREE verify input requested before a tree was built.")
+        self._verify_batch = batch
+        self._verify_input = DDTreeVerifyInputV2.from_tree(
+            self._tree,
+            root_tokens=draft_tokens[:, 0],
+            prefix_lens=prefix_lens,
+            kv_loc_plan=kv_loc_plan,
+        )
+        return self._verify_input
+
+    def _target_tokens_per_node(
+        self, next_token_logits: torch.Tensor, sampling_info, bs: int
+    ) -> torch.Tensor:
+        """One target sample per node (temperature > 0), identical on every TP rank."""
+        d = self.verify_width
+        temperatures = torch.repeat_interleave(sampling_info.temperatures, d, dim=0)
+        probs = torch.softmax(next_token_logits.float() / temperatures, dim=-1)
+        probs = _top_k_top_p_renorm(
+            probs,
+            torch.repeat_interleave(sampling_info.top_ks, d, dim=0),
+            torch.repeat_interleave(sampling_info.top_ps, d, dim=0),
+        )
+        samples = torch.multinomial(probs, 1).view(bs, d)
+        tp_group = get_parallel().tp_group
+        if int(tp_group.world_size) > 1:
+            tp_group.broadcast(samples, src=0)
+        return samples
+
+    def _accept_block(
+        self,
+        *,
+        candidates: torch.Tensor,
+        next_token_logits: torch.Tensor,
+        sampling_info,
+        draft_input,
+        prefix_lens: torch.Tensor,
+        bs: int,
+        target_predict: Optional[torch.Tensor] = None,
+    ):
+        tree, batch = self._tree, self._verify_batch
+        # d: tree slots per request in the verify; k: accepted-path width (the tree is
+        # at most block_size - 1 deep, so a path of root + drafts fits the draft block).
+        d, k = self.verify_width, int(self.block_size)
+        # The verified tokens (root + tree), not the caller's [bs, block_size] block.
+        candidates = self._verify_input.draft_token.view(bs, d)
+        device = candidates.device
+        greedy = sampling_info is None or sampling_info.is_all_greedy
+        if target_predict is None:
+            if greedy:
+                target_predict = torch.argmax(next_token_logits, dim=-1)
+            else:
+                target_predict = self._target_tokens_per_node(
+                    next_token_logits, sampling_info, bs
+                )
+        target_predict = target_predict.view(bs, d).to(torch.int64)
+
+        if greedy:
+            predicts = torch.empty((bs * d,), dtype=torch.int32, device=device)
+            accept_index = torch.full((bs, d), -1, dtype=torch.int32, device=device)
+            num_correct = torch.empty((bs,), dtype=torch.int32, device=device)
+            retrieve = self._verify_input
+            _verify_tree_greedy_func()(
+                predicts=predicts,
+                accept_index=accept_index,
+                accept_token_num=num_correct,
+                candidates=candidates.to(torch.int64),
+                retrieve_index=retrieve.retrieve_index,
+                retrieve_next_token=retrieve.retrieve_next_token,
+                retrieve_next_sibling=retrieve.retrieve_next_sibling,
+                target_predict=target_predict,
+            )
+            commit_lens = (num_correct + 1).to(torch.int32)
+            rows = accept_index[:, :k].to(torch.int64)
+            flat_predict = predicts.to(torch.int64)
+        else:
+            walk = ddtree_tree.verify_walk(tree, target_predict)
+            commit_lens = walk.accept_len.to(torch.int32)
+            num_correct = commit_lens - 1
+            offsets = torch.arange(bs, device=device).unsqueeze(1) * d
+            rows = torch.where(walk.accepted >= 0, walk.accepted + offsets, -1)
+            flat_predict = target_predict.reshape(-1)
+
+        # Tokens this round emits: the target's token at every accepted node (matched
+        # drafts, then the bonus), laid out with stride block_size as the scheduler
+        # reads them (the result's speculative_num_draft_tokens).
+        keep = rows >= 0
+        out_tokens = torch.where(keep, flat_predict[rows.clamp_min(0)], 0)
+        last = (commit_lens.to(torch.int64) - 1).unsqueeze(1)
+        bonus = out_tokens.gather(1, last).squeeze(1)
+
+        # KV: copy the accepted nodes' KV to the front of each verify window.
+        move_accept_tokens_to_target_kvcache(
+            batch,
+            rows.to(torch.int32),
+            num_correct.to(torch.int32),
+            self.target_worker.model_runner.token_to_kv_pool_allocator,
+        )
+        # Hidden rows for the draft KV ([bs, block_size] rows out of the [bs, d] verify):
+        # the accepted path first, the window's own rows elsewhere (never committed).
+        identity = (
+            torch.arange(bs, device=device).unsqueeze(1) * d
+            + torch.arange(k, device=device).unsqueeze(0)
+        )
+        self._accept_rows = torch.where(keep, rows, identity).reshape(-1)
+
+        accept_len = commit_lens - 1
+        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        return accept_len, commit_lens, bonus, out_tokens, new_seq_lens
+
+    def _committed_target_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows, self._accept_rows = self._accept_rows, None
+        self._tree = None
+        self._verify_batch = None
+        self._verify_input = None
+        if rows is None:
+            return hidden
+        return hidden.reshape(-1, hidden.shape[-1])[rows]
