@@ -470,8 +470,6 @@ def _required_by(facts: dict, names: set[str]) -> dict[str, list[str]]:
     return found
 
 
-
-
 def check_persistence_mode(facts: dict) -> Verdict:
     gpus = (facts.get("nvidia_smi") or {}).get("gpus") or []
     modes = [g.get("persistence_mode") for g in gpus if g.get("persistence_mode")]

@@ -198,7 +198,6 @@ def check_sglang_pins(facts: dict) -> Verdict:
     )
 
 
-
 # Attention backends that only run on some compute capabilities (major, minor) ranges.
 _BACKEND_CAPS = {
     "fa3": ((8, 0), (9, 0), "SM80-SM90"),

@@ -17,7 +17,6 @@ def unit_name(unit: str) -> str:
     return unit if "." in unit else f"{unit}.service"
 
 
-
 _LIVE_UNIT_STATES = ("active", "activating", "reloading", "deactivating")
 
 

@@ -127,7 +127,6 @@ def check_unit_settings(facts: dict, unit: str | None) -> Verdict:
     return passed("service.settings", "no device sandbox, KillMode and LimitNOFILE are fine")
 
 
-
 def check_ports(facts: dict, unit: str | None) -> list[Verdict]:
     verdicts = []
     props = (facts.get("systemd") or {}).get("properties") or {}
@@ -199,8 +198,6 @@ def check_ports(facts: dict, unit: str | None) -> list[Verdict]:
                 )
             )
     return verdicts
-
-
 
 
 def check_disk(facts: dict) -> Verdict:

@@ -71,7 +71,6 @@ def check_python_abi(facts: dict, snapshot: SnapshotABI | None = None) -> Verdic
     )
 
 
-
 def check_sglang_vs_snapshot(facts: dict, snapshot: SnapshotABI | None = None) -> Verdict:
     if snapshot is None or not snapshot.version:
         return skipped("sglang.version", "no --snapshot given")
@@ -90,7 +89,6 @@ def check_sglang_vs_snapshot(facts: dict, snapshot: SnapshotABI | None = None) -
             f"{pip_install(facts)} 'sglang=={snapshot.version}'",
         )
     return passed("sglang.version", f"installed sglang {installed} = snapshot {snapshot.version}")
-
 
 
 def check_patch_state(snapshot_path: str) -> Verdict:
