@@ -26,6 +26,7 @@ from ddtree_cli.bench.stats import (
     verdict,
     wilcoxon_signed_rank,
 )
+from ddtree_cli.bench.summary import ArmMetrics, Comparison, Effect, Percentiles, TrialThroughput
 
 NOISY_REL_MAD = 0.05
 WILCOXON_ALPHA = 0.05
@@ -43,7 +44,7 @@ def _ok(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["ok"]]
 
 
-def arm_metrics(passes: list[PassResult]) -> dict[str, Any]:
+def arm_metrics(passes: list[PassResult]) -> ArmMetrics:
     """Metrics of one arm at one concurrency, over its trials."""
     records = [r for p in passes for r in p.records]
     ok = _ok(records)
@@ -51,18 +52,18 @@ def arm_metrics(passes: list[PassResult]) -> dict[str, Any]:
     for p in sorted(passes, key=lambda p: p.trial):
         tp = p.throughput()
         trials.append(
-            {
-                "trial": p.trial,
-                "output_tok_s": _round(tp["output_tok_s"]),
-                "request_s": _round(tp["request_s"]),
-                "wall_s": _round(p.wall_s),
-                "requests": len(p.records),
-                "errors": p.errors,
-                "stopped": p.stopped,
-            }
+            TrialThroughput(
+                trial=p.trial,
+                output_tok_s=_round(tp["output_tok_s"]),
+                request_s=_round(tp["request_s"]),
+                wall_s=_round(p.wall_s),
+                requests=len(p.records),
+                errors=p.errors,
+                stopped=p.stopped,
+            )
         )
-    tok_s = [t["output_tok_s"] for t in trials if t["output_tok_s"] is not None]
-    req_s = [t["request_s"] for t in trials if t["request_s"] is not None]
+    tok_s = [t.output_tok_s for t in trials if t.output_tok_s is not None]
+    req_s = [t.request_s for t in trials if t.request_s is not None]
     with_spec = [r for r in ok if r.get("spec_verify_ct")]
     pooled_accept = (
         sum(r["completion_tokens"] for r in with_spec) / sum(r["spec_verify_ct"] for r in with_spec)
@@ -70,32 +71,32 @@ def arm_metrics(passes: list[PassResult]) -> dict[str, Any]:
     )
     rel_mad = relative_mad(tok_s)
     ci = bootstrap_mean_ci(tok_s)
-    return {
-        "output_tok_s": _round(float(np.mean(tok_s))) if tok_s else None,
-        "output_tok_s_ci95": [_round(ci[0]), _round(ci[1])] if ci else None,
-        "request_s": _round(float(np.mean(req_s))) if req_s else None,
-        "accept_length": _round(pooled_accept),
-        "accept_length_per_request": _pct([r["accept_length"] for r in with_spec]),
-        "ttft_ms": _pct([r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]),
-        "tpot_ms": _pct([r["tpot_ms"] for r in ok if r.get("tpot_ms") is not None]),
-        "e2e_ms": _pct([r["e2e_ms"] for r in ok]),
-        "itl_ms": _pct([x for r in ok for x in r.get("itl_ms") or ()]),
-        "tokens_per_chunk": _pct([x for r in ok for x in r.get("chunk_tokens") or ()]),
-        "completion_tokens": sum(r["completion_tokens"] for r in ok),
-        "requests": len(records),
-        "errors": len(records) - len(ok),
-        "spec_active": bool(with_spec),
-        "trials": trials,
-        "trial_rel_mad": _round(rel_mad),
-        "noisy": bool(rel_mad is not None and rel_mad > NOISY_REL_MAD),
-    }
+    return ArmMetrics(
+        output_tok_s=_round(float(np.mean(tok_s))) if tok_s else None,
+        output_tok_s_ci95=(_round(ci[0]), _round(ci[1])) if ci else None,
+        request_s=_round(float(np.mean(req_s))) if req_s else None,
+        accept_length=_round(pooled_accept),
+        accept_length_per_request=_pct([r["accept_length"] for r in with_spec]),
+        ttft_ms=_pct([r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]),
+        tpot_ms=_pct([r["tpot_ms"] for r in ok if r.get("tpot_ms") is not None]),
+        e2e_ms=_pct([r["e2e_ms"] for r in ok]),
+        itl_ms=_pct([x for r in ok for x in r.get("itl_ms") or ()]),
+        tokens_per_chunk=_pct([x for r in ok for x in r.get("chunk_tokens") or ()]),
+        completion_tokens=sum(r["completion_tokens"] for r in ok),
+        requests=len(records),
+        errors=len(records) - len(ok),
+        spec_active=bool(with_spec),
+        trials=trials,
+        trial_rel_mad=_round(rel_mad),
+        noisy=bool(rel_mad is not None and rel_mad > NOISY_REL_MAD),
+    )
 
 
 def compare(
     passes_a: list[PassResult], passes_b: list[PassResult], *, name_a: str, seed: int = 0
-) -> dict[str, Any]:
+) -> Comparison:
     """Arm A (under test) against arm B (baseline), ratios A/B."""
-    out: dict[str, Any] = {}
+    out: dict[str, Effect] = {}
     by_trial_a = {p.trial: p.throughput() for p in passes_a}
     by_trial_b = {p.trial: p.throughput() for p in passes_b}
     trials = sorted(
@@ -123,15 +124,15 @@ def compare(
         )
         if prompts:
             w = wilcoxon_signed_rank(a, b)
-            entry["wilcoxon_p"] = _round(w.p_value, 6)
-            entry["wilcoxon_method"] = w.method
+            entry.wilcoxon_p = _round(w.p_value, 6)
+            entry.wilcoxon_method = w.method
             # A percentile bootstrap over few prompts is too narrow; a per-prompt claim
             # needs the paired test to agree before it is called a difference.
-            if entry["verdict"] != NO_CLEAR_DIFFERENCE and w.p_value >= WILCOXON_ALPHA:
-                entry["verdict"] = NO_CLEAR_DIFFERENCE
-                entry["note"] = "the interval excludes 1 but the Wilcoxon test does not reject"
+            if entry.verdict != NO_CLEAR_DIFFERENCE and w.p_value >= WILCOXON_ALPHA:
+                entry.verdict = NO_CLEAR_DIFFERENCE
+                entry.note = "the interval excludes 1 but the Wilcoxon test does not reject"
         out[metric] = entry
-    return out
+    return Comparison(**out)
 
 
 def _per_prompt(records: list[dict[str, Any]], metric: str) -> dict[str, float]:
@@ -146,27 +147,26 @@ def _per_prompt(records: list[dict[str, Any]], metric: str) -> dict[str, float]:
 def _ratio_entry(
     a: list[float], b: list[float], *, paired_by: str, higher_is_better: bool, name_a: str,
     seed: int, better: str, worse: str,
-) -> dict[str, Any]:
+) -> Effect:
     if not a or not b:
-        return {"ratio": None, "ci95": None, "n": 0, "paired_by": paired_by,
-                "verdict": "not measured"}
+        return Effect(ratio=None, ci95=None, n=0, paired_by=paired_by, verdict="not measured")
     ci = bootstrap_ratio_ci(a, b, paired=True, seed=seed)
-    entry = {
-        "ratio": _round(ci.ratio, 6),
-        "ci95": [_round(ci.ci95[0], 6), _round(ci.ci95[1], 6)],
-        "n": ci.n,
-        "paired_by": paired_by,
-        "verdict": verdict(ci, higher_is_better=higher_is_better, better=better, worse=worse),
-    }
-    if ci.n < MIN_PAIRS and entry["verdict"] != NO_CLEAR_DIFFERENCE:
+    entry = Effect(
+        ratio=_round(ci.ratio, 6),
+        ci95=(_round(ci.ci95[0], 6), _round(ci.ci95[1], 6)),
+        n=ci.n,
+        paired_by=paired_by,
+        verdict=verdict(ci, higher_is_better=higher_is_better, better=better, worse=worse),
+    )
+    if ci.n < MIN_PAIRS and entry.verdict != NO_CLEAR_DIFFERENCE:
         # Resampling one or two pairs cannot give a 95% interval worth the name.
-        entry["verdict"] = NO_CLEAR_DIFFERENCE
-        entry["note"] = f"fewer than {MIN_PAIRS} pairs ({paired_by}s)"
+        entry.verdict = NO_CLEAR_DIFFERENCE
+        entry.note = f"fewer than {MIN_PAIRS} pairs ({paired_by}s)"
     return entry
 
 
-def _pct(values: list[float]) -> dict[str, float]:
-    return {k: _round(v) for k, v in percentiles(values, (50, 90, 99)).items()}
+def _pct(values: list[float]) -> Percentiles:
+    return Percentiles(**{k: _round(v) for k, v in percentiles(values, (50, 90, 99)).items()})
 
 
 def _round(v: float | None, digits: int = 4) -> float | None:

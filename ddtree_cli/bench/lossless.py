@@ -35,6 +35,49 @@ class Mismatch:
             "position": self.position, "tokens": self.tokens, "lengths": self.lengths,
         }
 
+    @classmethod
+    def from_json(cls, data: dict) -> Mismatch:
+        return cls(**data)
+
+
+@dataclass
+class ArmDivergence:
+    """One arm against the reference server: on how many prompts any output differs."""
+
+    compared: int
+    diverged: int
+    rate: float | None
+    prompts: list[str]
+
+    def to_json(self) -> dict:
+        return {"compared": self.compared, "diverged": self.diverged, "rate": self.rate,
+                "prompts": self.prompts}  # fmt: skip
+
+
+@dataclass
+class ReferenceDivergence:
+    arms: dict[str, ArmDivergence]
+    flagged: list[str] = field(default_factory=list)  # an arm that diverges clearly more often
+    p_value: float | None = None  # exact McNemar, two arms only
+    discordant: dict[str, int] | None = None  # per arm: prompts where only it diverged
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"arms": {arm: d.to_json() for arm, d in self.arms.items()},
+                               "flagged": self.flagged, "p_value": self.p_value}  # fmt: skip
+        if self.discordant is not None:
+            out["discordant"] = self.discordant
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> ReferenceDivergence | None:
+        if data is None:
+            return None
+        arms = {arm: ArmDivergence(**d) for arm, d in data["arms"].items()}
+        return cls(arms, data["flagged"], data["p_value"], data.get("discordant"))
+
+
+SKIPPED = "needs two arms at temperature 0, or --reference"
+
 
 @dataclass
 class LosslessResult:
@@ -42,28 +85,53 @@ class LosslessResult:
     strict: bool
     compared: int = 0
     mismatches: list[Mismatch] = field(default_factory=list)
-    reference: dict[str, Any] | None = None
+    reference: ReferenceDivergence | None = None
+    skipped: str | None = None  # why no check ran
+
+    @classmethod
+    def not_run(cls, reason: str = SKIPPED) -> LosslessResult:
+        return cls((), strict=False, skipped=reason)
 
     @property
     def flagged(self) -> list[str]:
-        return list((self.reference or {}).get("flagged", []))
+        return list(self.reference.flagged) if self.reference else []
 
     @property
-    def ok(self) -> bool:
+    def ok(self) -> bool | None:
+        """None when no check ran."""
+        if self.skipped:
+            return None
         if self.flagged:
             return False
         return not (self.strict and self.mismatches)
 
+    @property
+    def mismatch_rate(self) -> float | None:
+        return (len(self.mismatches) / self.compared) if self.compared else None
+
     def to_json(self) -> dict:
+        if self.skipped:
+            return {"compared": self.compared, "mismatches": [], "ok": None,
+                    "skipped": self.skipped}  # fmt: skip
         return {
             "arms": list(self.arms),
             "strict": self.strict,
             "compared": self.compared,
             "mismatches": [m.to_json() for m in self.mismatches],
-            "mismatch_rate": (len(self.mismatches) / self.compared) if self.compared else None,
-            "reference": self.reference,
+            "mismatch_rate": self.mismatch_rate,
+            "reference": self.reference.to_json() if self.reference else None,
             "ok": self.ok,
         }
+
+    @classmethod
+    def from_json(cls, data: dict) -> LosslessResult:
+        if data.get("skipped"):
+            return cls((), strict=False, compared=data["compared"], skipped=data["skipped"])
+        return cls(
+            tuple(data["arms"]), data["strict"], data["compared"],
+            [Mismatch.from_json(m) for m in data["mismatches"]],
+            ReferenceDivergence.from_json(data["reference"]),
+        )
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -109,7 +177,7 @@ def _at(ids: list[int], pos: int) -> int | None:
 
 def reference_divergence(
     records: list[dict[str, Any]], reference: dict[str, list[int]], arms: list[str]
-) -> dict[str, Any]:
+) -> ReferenceDivergence:
     """Per arm: on how many prompts any of its outputs differs from the reference's."""
     diverged: dict[str, dict[str, bool]] = {arm: {} for arm in arms}
     for r in records:
@@ -122,23 +190,23 @@ def reference_divergence(
         seen = diverged[r["arm"]]
         seen[r["prompt_id"]] = seen.get(r["prompt_id"], False) or bad
     per_arm = {
-        arm: {
-            "compared": len(d),
-            "diverged": sum(d.values()),
-            "rate": (sum(d.values()) / len(d)) if d else None,
-            "prompts": sorted(p for p, bad in d.items() if bad),
-        }
+        arm: ArmDivergence(
+            compared=len(d),
+            diverged=sum(d.values()),
+            rate=(sum(d.values()) / len(d)) if d else None,
+            prompts=sorted(p for p, bad in d.items() if bad),
+        )
         for arm, d in diverged.items()
     }
-    out: dict[str, Any] = {"arms": per_arm, "flagged": [], "p_value": None}
+    out = ReferenceDivergence(per_arm)
     if len(arms) == 2:
         x, y = arms
         common = diverged[x].keys() & diverged[y].keys()
         only_x = sum(1 for p in common if diverged[x][p] and not diverged[y][p])
         only_y = sum(1 for p in common if diverged[y][p] and not diverged[x][p])
         p = mcnemar_exact(only_x, only_y)
-        out["p_value"] = p
-        out["discordant"] = {x: only_x, y: only_y}
+        out.p_value = p
+        out.discordant = {x: only_x, y: only_y}
         if p < FLAG_P:
-            out["flagged"] = [x if only_x > only_y else y]
+            out.flagged = [x if only_x > only_y else y]
     return out

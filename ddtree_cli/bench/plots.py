@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ddtree_cli.bench.loadgen import PassResult
+from ddtree_cli.bench.summary import Summary
 from ddtree_cli.extras import PLOTS
 
 try:
@@ -25,7 +25,7 @@ class PlotsSkipped(Exception):
     """matplotlib is missing; the message names the skipped plots and the install line."""
 
 
-def render_all(summary: dict[str, Any], passes: list[PassResult], run_dir: Path) -> list[str]:
+def render_all(summary: Summary, passes: list[PassResult], run_dir: Path) -> list[str]:
     if plt is None:
         raise PlotsSkipped(
             f"matplotlib is not installed, skipped {', '.join(NAMES)}: {PLOTS.install_line()}"
@@ -41,30 +41,30 @@ def render_all(summary: dict[str, Any], passes: list[PassResult], run_dir: Path)
     return written
 
 
-def _arms(summary: dict[str, Any]) -> list[str]:
+def _arms(summary: Summary) -> list[str]:
     seen: list[str] = []
-    for point in summary["sweep"]:
-        for arm in point["arms"]:
+    for point in summary.sweep:
+        for arm in point.arms:
             if arm not in seen:
                 seen.append(arm)
     return seen
 
 
-def _throughput(summary: dict[str, Any], passes: list[PassResult]):
-    if not summary["sweep"]:
+def _throughput(summary: Summary, passes: list[PassResult]):
+    if not summary.sweep:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for arm in _arms(summary):
         xs, ys, lo, hi = [], [], [], []
-        for point in summary["sweep"]:
-            m = point["arms"].get(arm)
-            if not m or m["output_tok_s"] is None:
+        for point in summary.sweep:
+            m = point.arms.get(arm)
+            if not m or m.output_tok_s is None:
                 continue
-            xs.append(point["concurrency"])
-            ys.append(m["output_tok_s"])
-            ci = m.get("output_tok_s_ci95") or [m["output_tok_s"]] * 2
-            lo.append(m["output_tok_s"] - ci[0])
-            hi.append(ci[1] - m["output_tok_s"])
+            xs.append(point.concurrency)
+            ys.append(m.output_tok_s)
+            ci = m.output_tok_s_ci95 or (m.output_tok_s, m.output_tok_s)
+            lo.append(m.output_tok_s - ci[0])
+            hi.append(ci[1] - m.output_tok_s)
         if xs:
             ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4, label=arm)
     ax.set_xscale("log", base=2)
@@ -76,7 +76,7 @@ def _throughput(summary: dict[str, Any], passes: list[PassResult]):
     return fig
 
 
-def _acceptance(summary: dict[str, Any], passes: list[PassResult]):
+def _acceptance(summary: Summary, passes: list[PassResult]):
     by_arm: dict[str, list[float]] = {}
     for p in passes:
         for r in p.records:
@@ -96,7 +96,7 @@ def _acceptance(summary: dict[str, Any], passes: list[PassResult]):
     return fig
 
 
-def _latency_cdf(summary: dict[str, Any], passes: list[PassResult]):
+def _latency_cdf(summary: Summary, passes: list[PassResult]):
     series: dict[tuple[str, int], list[float]] = {}
     for p in passes:
         values = [r["e2e_ms"] for r in p.records if r["ok"]]

@@ -26,8 +26,17 @@ from ddtree_cli.bench.client import Endpoint, HttpError
 from ddtree_cli.bench.loadgen import PassResult, PassSpec, run_pass
 from ddtree_cli.bench.monitor import ClientMonitor, load_warning
 from ddtree_cli.bench.servers import EMBEDDED_ALGOS, ServeProcess, wait_all_ready
+from ddtree_cli.bench.summary import (
+    ClientPass,
+    Confounds,
+    Files,
+    RunConfig,
+    RunStatus,
+    Summary,
+    SweepPoint,
+)
 from ddtree_cli.bench.workloads import Prompt, load_workload
-from ddtree_cli.errors import ConfigError, DdtreeError, ExitCode
+from ddtree_cli.errors import ConfigError, DdtreeError, ExitCode, UsageError
 
 PROMPTS_PER_SLOT = 5  # the steady-state guard: prompts >= 5 x concurrency
 UNREACHABLE_AFTER_S = 5.0  # connection refused for this long: a wrong URL, not a slow start
@@ -99,7 +108,7 @@ class RunState:
     arms: list[str]
     prompts: list[Prompt]
     run_dir: Path | None = None
-    status: str = "running"
+    status: RunStatus = RunStatus.RUNNING
     reason: str | None = None
     passes: list[PassResult] = field(default_factory=list)
     reference_outputs: dict[str, list[int]] = field(default_factory=dict)
@@ -107,7 +116,7 @@ class RunState:
     urls: dict[str, str] = field(default_factory=dict)
     differences: list[fingerprint.Difference] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    client_load: list[dict[str, Any]] = field(default_factory=list)
+    client_load: list[ClientPass] = field(default_factory=list)
     started: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
     switcher: Any = None
     _jsonl: Any = None
@@ -115,7 +124,7 @@ class RunState:
 
 @dataclass
 class BenchOutcome:
-    summary: dict[str, Any]
+    summary: Summary
     run_dir: Path
     error: DdtreeError | None  # set when the run did not end cleanly or a check failed
 
@@ -123,48 +132,48 @@ class BenchOutcome:
 def resolve_arms(opts: BenchOptions) -> list[str]:
     baseline = None if opts.baseline in (None, "", "none") else opts.baseline
     if baseline == opts.algo:
-        raise ConfigError(f"--algo and --baseline are both '{opts.algo}'")
+        raise UsageError(f"--algo and --baseline are both '{opts.algo}'")
     if opts.host or opts.config:
         if opts.urls:
-            raise ConfigError("--host switches one service between the arms; drop --url")
+            raise UsageError("--host switches one service between the arms; drop --url")
         if not (opts.host and opts.config):
-            raise ConfigError("--host and --config go together (the deploy config to switch)")
+            raise UsageError("--host and --config go together (the deploy config to switch)")
         return [opts.algo] + ([baseline] if baseline else [])
     if opts.embedded:
         for name in filter(None, (opts.algo, baseline)):
             if name not in EMBEDDED_ALGOS:
-                raise ConfigError(
+                raise UsageError(
                     f"the embedded engine has no algorithm '{name}'",
                     hint=f"use {', '.join(EMBEDDED_ALGOS)}, or point --url at your servers",
                 )
         return [opts.algo] + ([baseline] if baseline else [])
     unknown = set(opts.urls) - {opts.algo, baseline}
     if unknown:
-        raise ConfigError(
+        raise UsageError(
             f"--url names arm(s) {', '.join(sorted(unknown))}, which are neither --algo "
             f"'{opts.algo}' nor --baseline '{baseline}'",
             hint="write --url ddtree=http://HOST:PORT --url dflash=http://HOST:PORT",
         )
     if opts.algo not in opts.urls:
-        raise ConfigError(f"no --url for the arm under test '{opts.algo}'")
+        raise UsageError(f"no --url for the arm under test '{opts.algo}'")
     return [opts.algo] + ([baseline] if baseline in opts.urls else [])
 
 
 def prepare(opts: BenchOptions) -> tuple[list[str], list[Prompt]]:
     """Validate options and load prompts; raises before anything starts or is written."""
     if opts.trials < 1:
-        raise ConfigError("--trials must be at least 1")
+        raise UsageError("--trials must be at least 1")
     if not opts.concurrency or min(opts.concurrency) < 1:
-        raise ConfigError("--concurrency needs positive integers, e.g. 1,4,16")
+        raise UsageError("--concurrency needs positive integers, e.g. 1,4,16")
     if opts.max_new_tokens < 1:
-        raise ConfigError("--max-new-tokens must be at least 1")
+        raise UsageError("--max-new-tokens must be at least 1")
     if not 0.0 <= opts.max_error_rate <= 1.0:
-        raise ConfigError("--max-error-rate is a fraction between 0 and 1")
+        raise UsageError("--max-error-rate is a fraction between 0 and 1")
     arms = resolve_arms(opts)
     need = PROMPTS_PER_SLOT * max(opts.concurrency)
     n = opts.num_prompts if opts.num_prompts is not None else max(need, 5)
     if n < need:
-        raise ConfigError(
+        raise UsageError(
             f"--num-prompts {n} is below {PROMPTS_PER_SLOT} x the concurrency "
             f"{max(opts.concurrency)} (= {need}): the run would never reach a steady state",
             hint=f"use --num-prompts {need} or more",
@@ -206,17 +215,17 @@ def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutc
         elif switcher is None:
             state.urls = {arm: opts.urls[arm] for arm in arms}
         asyncio.run(_main(state, servers, reporter))
-        state.status = "complete"
+        state.status = RunStatus.COMPLETE
     except KeyboardInterrupt:
         if state.run_dir is None:
             raise
-        state.status = "interrupted"
+        state.status = RunStatus.INTERRUPTED
         state.reason = "interrupted by the user"
         error = DdtreeError("interrupted", exit_code=ExitCode.INTERRUPTED)
     except DdtreeError as exc:
         if state.run_dir is None:
             raise
-        state.status = "stopped"
+        state.status = RunStatus.STOPPED
         state.reason = exc.message
         error = exc
     finally:
@@ -331,10 +340,7 @@ async def _one_pass(
         )
     finally:
         load = await monitor.stop()
-        state.client_load.append(
-            {"arm": spec.arm, "concurrency": spec.concurrency, "trial": spec.trial,
-             **load.to_json()}
-        )
+        state.client_load.append(ClientPass(spec.arm, spec.concurrency, spec.trial, load))
     reporter.pass_done(result)
     if result.stopped:
         if server is not None:
@@ -486,24 +492,24 @@ def _strict(state: RunState) -> bool:
     )
 
 
-def finish(state: RunState) -> dict[str, Any]:
+def finish(state: RunState) -> Summary:
     """Compute the summary from what was measured and write every output file."""
     from ddtree_cli.bench import plots, report
 
     assert state.run_dir is not None
     summary = build_summary(state)
-    _write_json_atomic(state.run_dir / "summary.json", summary)
+    _write_json_atomic(state.run_dir / "summary.json", summary.to_json())
     (state.run_dir / "report.md").write_text(report.render(summary), encoding="utf-8")
     try:
-        summary["files"]["plots"] = plots.render_all(summary, state.passes, state.run_dir)
+        summary.files.plots = plots.render_all(summary, state.passes, state.run_dir)
     except Exception as exc:  # noqa: BLE001 — a plot must never cost the results
-        summary["warnings"].append(f"plots not written: {exc}")
-    _write_json_atomic(state.run_dir / "summary.json", summary)
+        summary.warnings.append(f"plots not written: {exc}")
+    _write_json_atomic(state.run_dir / "summary.json", summary.to_json())
     (state.run_dir / "report.md").write_text(report.render(summary), encoding="utf-8")
     return summary
 
 
-def build_summary(state: RunState) -> dict[str, Any]:
+def build_summary(state: RunState) -> Summary:
     opts = state.opts
     records = [r for p in state.passes for r in p.records]
     sweep = []
@@ -514,14 +520,13 @@ def build_summary(state: RunState) -> dict[str, Any]:
         }
         if not any(by_arm.values()):
             continue
-        point: dict[str, Any] = {
-            "concurrency": c,
-            "arms": {arm: analysis.arm_metrics(ps) for arm, ps in by_arm.items() if ps},
-            "comparison": None,
-        }
+        point = SweepPoint(
+            concurrency=c,
+            arms={arm: analysis.arm_metrics(ps) for arm, ps in by_arm.items() if ps},
+        )
         if len(state.arms) == 2 and all(by_arm.values()):
             a, b = state.arms
-            point["comparison"] = analysis.compare(by_arm[a], by_arm[b], name_a=a, seed=opts.seed)
+            point.comparison = analysis.compare(by_arm[a], by_arm[b], name_a=a, seed=opts.seed)
         sweep.append(point)
     check = None
     if len(state.arms) == 2 and opts.temperature == 0:
@@ -535,57 +540,44 @@ def build_summary(state: RunState) -> dict[str, Any]:
         check.reference = lossless.reference_divergence(
             records, state.reference_outputs, state.arms
         )
-    headline = sweep[0] if sweep else {"arms": {}, "comparison": None, "concurrency": None}
-    return {
-        "tool": f"ddtree {__version__}",
-        "status": state.status,
-        "reason": state.reason,
-        "started": state.started,
-        "finished": datetime.now(timezone.utc).isoformat(),
-        "algo": opts.algo,
-        "baseline": state.arms[1] if len(state.arms) > 1 else None,
-        "target": "embedded" if opts.embedded else ("host" if opts.host else "url"),
-        "host": opts.host,
-        "switches": state.switcher.switches if state.switcher is not None else None,
-        "urls": state.urls,
-        "reference": opts.reference,
-        "config": {
-            "dataset": opts.dataset,
-            "num_prompts": len(state.prompts),
-            "max_new_tokens": opts.max_new_tokens,
-            "temperature": opts.temperature,
-            "concurrency": opts.concurrency,
-            "request_rate": None if math.isinf(opts.request_rate) else opts.request_rate,
-            "trials": opts.trials,
-            "warmup": opts.warmup,
-            "seed": opts.seed,
-            "timeout_s": opts.timeout,
-            "max_error_rate": opts.max_error_rate,
-        },
-        "headline_concurrency": headline["concurrency"],
-        "arms": headline["arms"],
-        "comparison": headline["comparison"],
-        "sweep": sweep,
-        "lossless": check.to_json() if check else {
-            "compared": 0, "mismatches": [], "ok": None,
-            "skipped": "needs two arms at temperature 0, or --reference",
-        },
-        "confounds": {
-            "differences": [d.to_json() for d in state.differences],
-            "allowed": opts.allow_mismatch,
-        },
-        "server_info": state.server_info,
-        "client": state.client_load,
-        "warnings": _model_warnings(state) + state.warnings + _client_warnings(state.client_load),
-        "errors": {
+    return Summary(
+        tool=f"ddtree {__version__}",
+        status=state.status,
+        reason=state.reason,
+        started=state.started,
+        finished=datetime.now(timezone.utc).isoformat(),
+        algo=opts.algo,
+        baseline=state.arms[1] if len(state.arms) > 1 else None,
+        target="embedded" if opts.embedded else ("host" if opts.host else "url"),
+        host=opts.host,
+        switches=state.switcher.switches if state.switcher is not None else None,
+        urls=state.urls,
+        reference=opts.reference,
+        config=RunConfig(
+            dataset=opts.dataset,
+            num_prompts=len(state.prompts),
+            max_new_tokens=opts.max_new_tokens,
+            temperature=opts.temperature,
+            concurrency=opts.concurrency,
+            request_rate=None if math.isinf(opts.request_rate) else opts.request_rate,
+            trials=opts.trials,
+            warmup=opts.warmup,
+            seed=opts.seed,
+            timeout_s=opts.timeout,
+            max_error_rate=opts.max_error_rate,
+        ),
+        sweep=sweep,
+        lossless=check or lossless.LosslessResult.not_run(),
+        confounds=Confounds(list(state.differences), opts.allow_mismatch),
+        server_info=state.server_info,
+        client=state.client_load,
+        warnings=_model_warnings(state) + state.warnings + _client_warnings(state.client_load),
+        errors={
             arm: sum(1 for r in records if r["arm"] == arm and not r["ok"]) for arm in state.arms
         },
-        "files": {
-            "requests": "requests.jsonl", "summary": "summary.json", "report": "report.md",
-            "plots": [],
-        },
-        "run_dir": str(state.run_dir),
-    }
+        files=Files(),
+        run_dir=str(state.run_dir),
+    )
 
 
 def _model_warnings(state: RunState) -> list[str]:
@@ -601,32 +593,32 @@ def _model_warnings(state: RunState) -> list[str]:
     ]
 
 
-def _client_warnings(loads: list[dict[str, Any]]) -> list[str]:
+def _client_warnings(loads: list[ClientPass]) -> list[str]:
     """One warning for the worst pass, not one per pass."""
     if not loads:
         return []
     warning = load_warning(
-        max(x["cpu_fraction"] for x in loads), max(x["loop_lag_ms"]["p99"] for x in loads)
+        max(x.load.cpu_fraction for x in loads), max(x.load.lag_p99_ms for x in loads)
     )
     return [warning] if warning else []
 
 
-def _check_failure(summary: dict[str, Any], run_dir: Path) -> DdtreeError | None:
-    check = summary["lossless"]
-    if check.get("ok") is not False:
+def _check_failure(summary: Summary, run_dir: Path) -> DdtreeError | None:
+    check = summary.lossless
+    if check.ok is not False:
         return None
-    flagged = (check.get("reference") or {}).get("flagged") or []
+    flagged = check.flagged
     if flagged:
         return DdtreeError(
             f"lossless check failed: arm '{flagged[0]}' diverges from the reference clearly "
             f"more often than the other arm; see {run_dir / 'report.md'}",
             exit_code=ExitCode.CHECK_FAILED,
         )
-    first = check["mismatches"][0]
+    first = check.mismatches[0]
     return DdtreeError(
-        f"lossless check failed: {len(check['mismatches'])} of {check['compared']} outputs "
-        f"differ between the arms (first: prompt {first['prompt_id']} at token "
-        f"{first['position']}); see {run_dir / 'report.md'}",
+        f"lossless check failed: {len(check.mismatches)} of {check.compared} outputs "
+        f"differ between the arms (first: prompt {first.prompt_id} at token "
+        f"{first.position}); see {run_dir / 'report.md'}",
         exit_code=ExitCode.CHECK_FAILED,
     )
 

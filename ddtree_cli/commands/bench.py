@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -15,6 +15,9 @@ from ddtree_cli.commands._options import AcceptNewHostKeyOpt, IdentityOpt, JsonO
 from ddtree_cli.console import console, emit_json, err_console, warn
 from ddtree_cli.errors import UsageError
 from ddtree_cli.extras import ENGINE, require
+
+if TYPE_CHECKING:
+    from ddtree_cli.bench.summary import Summary
 
 
 def _parse_urls(values: list[str], algo: str) -> dict[str, str]:
@@ -65,41 +68,40 @@ class _RichReporter:
         pass
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
-    for point in summary["sweep"]:
+def _print_summary(summary: Summary) -> None:
+    for point in summary.sweep:
         table = Table(
-            title=f"concurrency {point['concurrency']}  (TTFT/TPOT: p50 ms)",
+            title=f"concurrency {point.concurrency}  (TTFT/TPOT: p50 ms)",
             title_justify="left", box=box.SIMPLE_HEAD,
         )
         for col in ("arm", "tok/s", "95% CI", "req/s", "accept", "TTFT", "TPOT", "errors"):
             table.add_column(col, justify="right" if col != "arm" else "left", no_wrap=True)
-        for arm, m in point["arms"].items():
-            ci = m.get("output_tok_s_ci95")
+        for arm, m in point.arms.items():
+            ci = m.output_tok_s_ci95
             table.add_row(
-                arm, _f(m["output_tok_s"], 1), f"{_f(ci[0], 0)}–{_f(ci[1], 0)}" if ci else "—",
-                _f(m["request_s"], 3), _f(m["accept_length"], 2),
-                _f((m["ttft_ms"] or {}).get("p50"), 1), _f((m["tpot_ms"] or {}).get("p50"), 2),
-                f"{m['errors']}/{m['requests']}",
+                arm, _f(m.output_tok_s, 1), f"{_f(ci[0], 0)}–{_f(ci[1], 0)}" if ci else "—",
+                _f(m.request_s, 3), _f(m.accept_length, 2),
+                _f(m.ttft_ms.p50, 1), _f(m.tpot_ms.p50, 2),
+                f"{m.errors}/{m.requests}",
             )
         console.print(table)
-        comp = point.get("comparison")
-        if comp:
-            e = comp["output_tok_s"]
-            ci = e["ci95"] or [math.nan, math.nan]
-            style = "bold" if "no clear" not in e["verdict"] else "yellow"
+        if point.comparison:
+            e = point.comparison.output_tok_s
+            ci = e.ci95 or (math.nan, math.nan)
+            style = "bold" if "no clear" not in e.verdict else "yellow"
             console.print(
-                f"  {summary['algo']}/{summary['baseline']} output tok/s: "
-                f"{_f(e['ratio'], 3)} (95% CI {_f(ci[0], 3)}–{_f(ci[1], 3)}) → "
-                f"[{style}]{e['verdict']}[/]"
+                f"  {summary.algo}/{summary.baseline} output tok/s: "
+                f"{_f(e.ratio, 3)} (95% CI {_f(ci[0], 3)}–{_f(ci[1], 3)}) → "
+                f"[{style}]{e.verdict}[/]"
             )
-    check = summary["lossless"]
-    if check.get("compared"):
-        state = "[green]pass[/]" if check["ok"] else "[red]FAIL[/]"
+    check = summary.lossless
+    if check.compared:
+        state = "[green]pass[/]" if check.ok else "[red]FAIL[/]"
         console.print(
-            f"lossless: {check['compared']} outputs compared, "
-            f"{len(check['mismatches'])} differ → {state}"
+            f"lossless: {check.compared} outputs compared, "
+            f"{len(check.mismatches)} differ → {state}"
         )
-    console.print(f"results: {summary['run_dir']}/report.md")
+    console.print(f"results: {summary.run_dir}/report.md")
 
 
 def _f(v: Any, digits: int) -> str:
@@ -218,9 +220,9 @@ def bench(
     else:
         outcome = run_bench(opts, _RichReporter(None))
     if json_out:
-        emit_json(outcome.summary)
+        emit_json(outcome.summary.to_json())
     else:
-        for w in outcome.summary["warnings"]:
+        for w in outcome.summary.warnings:
             warn(w)
         _print_summary(outcome.summary)
     if outcome.error is not None:

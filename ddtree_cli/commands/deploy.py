@@ -153,12 +153,12 @@ def deploy_command(
 def _print_reports(reports, action: str) -> None:
     for r in reports:
         if r.preflight and (action == "dry-run" or r.status is HostStatus.PREFLIGHT_FAILED
-                            or any(p.status == "fail" for p in r.preflight)):
+                            or any(p.failed for p in r.preflight)):
             t = Table(title=f"preflight · {escape(r.host)}", title_justify="left")
             for col in ("check", "status", "detail", "fix"):
                 t.add_column(col, overflow="fold")
             for p in r.preflight:
-                t.add_row(p.check, STATUS_STYLE.get(p.status, p.status), escape(p.detail),
+                t.add_row(p.id, STATUS_STYLE[p.status.value], escape(p.detail),
                           escape(p.fix))
             console.print(t)
         if r.file_diff is not None:

@@ -11,8 +11,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ddtree_cli import doctor
-from ddtree_cli.checkpoints import checkpoint_roles
 from ddtree_cli.commands._options import (
     AcceptNewHostKeyOpt,
     GroupOpt,
@@ -24,6 +22,15 @@ from ddtree_cli.commands._options import (
     SshConfigOpt,
 )
 from ddtree_cli.console import STATUS_STYLE, console, emit_json, err_console
+from ddtree_cli.doctor.checkpoints import checkpoint_roles
+from ddtree_cli.doctor.report import (
+    DoctorOptions,
+    DoctorReport,
+    HostFacts,
+    build_report,
+    collect_many,
+    health_url_on_host,
+)
 from ddtree_cli.errors import ExitCode, UsageError
 from ddtree_cli.remote import facts as host_facts
 
@@ -43,7 +50,7 @@ def _targets(hosts: list[str], inventory: Path | None, group: str | None) -> dic
 
 
 def _collector(
-    targets, options: doctor.DoctorOptions, identity, accept_new, known_hosts, ssh_config
+    targets, options: DoctorOptions, identity, accept_new, known_hosts, ssh_config
 ):
     def collect(label: str) -> dict:
         from ddtree_cli.remote.ssh import connect
@@ -62,7 +69,7 @@ def _collector(
                 python=options.python,
                 unit=options.unit,
                 ports=options.ports,
-                health_url=doctor.health_url_on_host(options),
+                health_url=health_url_on_host(options),
                 probes=options.probes,
                 checkpoints=options.checkpoints,
             )
@@ -74,7 +81,7 @@ def _cell(value: object) -> str:
     return "—" if value is None else str(value)
 
 
-def _print_report(report: doctor.DoctorReport) -> None:
+def _print_report(report: DoctorReport) -> None:
     table = Table(title="ddtree doctor", show_lines=False, expand=False)
     for column in ("host", "check", "status", "detail", "fix"):
         table.add_column(column, overflow="fold")
@@ -157,13 +164,13 @@ def doctor_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Pass / warn / fail verdicts with fixes for serving SGLang + DDTree, here or over SSH."""
-    from ddtree_cli.snapshot_abi import inspect_snapshot
+    from ddtree_cli.doctor.snapshot_abi import read_snapshot_abi
 
     targets = _targets(host or [], inventory, group)
     if url and len(targets) > 1:
         raise UsageError("--url names one server; use it with at most one --host")
-    options = doctor.DoctorOptions(
-        snapshot=inspect_snapshot(snapshot) if snapshot else None,
+    options = DoctorOptions(
+        snapshot=read_snapshot_abi(snapshot) if snapshot else None,
         snapshot_path=str(snapshot) if snapshot else None,
         python=python,
         unit=unit,
@@ -178,24 +185,24 @@ def doctor_command(
             collect = _collector(
                 targets, options, identity, accept_new_host_key, known_hosts, ssh_config
             )
-            results = doctor.collect_many(list(targets), collect)
+            results = collect_many(list(targets), collect)
         else:
             facts = host_facts.collect_local(
                 python=python,
                 unit=unit,
                 ports=options.ports,
-                health_url=doctor.health_url_on_host(options),
+                health_url=health_url_on_host(options),
                 probes=options.probes,
                 checkpoints=options.checkpoints,
             )
-            results = [doctor.HostFacts("local", facts)]
+            results = [HostFacts("local", facts)]
         local_health = host_facts.health_facts(url, 10.0) if url else None
     if len(results) == 1 and results[0].error is not None:
         raise results[0].error  # one host, unreachable: one line and the remote exit code
     for result in results:
         if result.error is not None and not json_out:
             err_console.print(f"[red]{escape(result.host)}:[/] {escape(str(result.error))}")
-    report = doctor.build_report(results, options, local_health)
+    report = build_report(results, options, local_health)
     if save_facts is not None:
         facts_by_host = {r.host: r.facts for r in results if r.facts is not None}
         save_facts.write_text(json.dumps(facts_by_host, indent=1, sort_keys=True) + "\n")

@@ -109,10 +109,10 @@ class HostDeployment:
         self.emit("preflight")
         rows = preflight(self.conn, self.cfg, self.host, self.python, self.manifest)
         self.report.preflight = rows
-        failed = [r for r in rows if r.status == "fail"]
+        failed = [r for r in rows if r.failed]
         if failed and not self.opts.force:
             self.fail(HostStatus.PREFLIGHT_FAILED, "preflight failed: " + "; ".join(
-                f"{r.check}: {r.detail}" for r in failed[:3]))
+                f"{r.id}: {r.detail}" for r in failed[:3]))
             return False
         return True
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from ddtree_cli.verdict import Verdict
+from ddtree_cli.doctor.verdict import Verdict
 
 
 class HostStatus(str, Enum):
@@ -60,18 +60,6 @@ OK_STATUSES = frozenset({
 
 
 @dataclass
-class PreflightRow:
-    check: str
-    status: str  # pass | warn | fail | skip
-    detail: str
-    fix: str = ""
-
-    @classmethod
-    def of(cls, verdict: Verdict) -> PreflightRow:
-        return cls(verdict.id, verdict.status.value, verdict.detail, verdict.fix)
-
-
-@dataclass
 class HostReport:
     host: str
     unit: str
@@ -83,7 +71,7 @@ class HostReport:
     uploaded_files: int = 0
     uploaded_bytes: int = 0
     linked_files: int = 0
-    preflight: list[PreflightRow] = field(default_factory=list)
+    preflight: list[Verdict] = field(default_factory=list)  # doctor's rules and deploy's own
     journal: list[str] = field(default_factory=list)
     file_diff: dict | None = None
     unit_diff: str | None = None
@@ -96,4 +84,5 @@ class HostReport:
     def to_json(self) -> dict:
         out = asdict(self)
         out["status"] = self.status.value
+        out["preflight"] = [verdict.to_preflight_json() for verdict in self.preflight]
         return out

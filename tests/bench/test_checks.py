@@ -79,10 +79,10 @@ def test_reference_flags_the_arm_that_diverges_clearly_more_often():
         records.append(_rec("good", f"p{i}", [i, i]))
         records.append(_rec("bad", f"p{i}", [i, 99]))
     out = lossless.reference_divergence(records, ref, ["good", "bad"])
-    assert out["arms"]["good"]["rate"] == 0.0
-    assert out["arms"]["bad"]["rate"] == 1.0
-    assert out["p_value"] == 2 / 256
-    assert out["flagged"] == ["bad"]
+    assert out.arms["good"].rate == 0.0
+    assert out.arms["bad"].rate == 1.0
+    assert out.p_value == 2 / 256
+    assert out.flagged == ["bad"]
 
 
 def test_reference_does_not_flag_equal_rates_of_near_tie_flips():
@@ -92,5 +92,5 @@ def test_reference_does_not_flag_equal_rates_of_near_tie_flips():
         records.append(_rec("x", f"p{i}", [i, 99] if i in (0, 1) else [i, i]))
         records.append(_rec("y", f"p{i}", [i, 99] if i in (2, 3) else [i, i]))
     out = lossless.reference_divergence(records, ref, ["x", "y"])
-    assert out["arms"]["x"]["diverged"] == out["arms"]["y"]["diverged"] == 2
-    assert out["flagged"] == []
+    assert out.arms["x"].diverged == out.arms["y"].diverged == 2
+    assert out.flagged == []

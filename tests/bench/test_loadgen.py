@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ from ddtree_cli.bench.emitter import Emitter, EmitterConfig
 from ddtree_cli.bench.loadgen import PassSpec, _arrival_gaps, run_pass
 from ddtree_cli.bench.runner import BenchOptions, prepare
 from ddtree_cli.bench.workloads import load_workload
-from ddtree_cli.errors import ConfigError
+from ddtree_cli.errors import UsageError
 
 SAMPLING = {"max_new_tokens": 12, "temperature": 0.0}
 
@@ -77,16 +78,33 @@ def test_a_dead_server_stops_the_pass_with_the_reason():
 
 
 def test_prompt_guard_and_arm_resolution():
-    with pytest.raises(ConfigError, match="below 5 x the concurrency 4"):
+    # Values and combinations of options: usage errors (exit 2), raised before anything runs.
+    with pytest.raises(UsageError, match="below 5 x the concurrency 4"):
         prepare(BenchOptions(num_prompts=10, concurrency=[1, 4]))
     arms, prompts = prepare(BenchOptions(concurrency=[1, 4]))
     assert arms == ["ddtree", "dflash"] and len(prompts) == 20
     arms, _ = prepare(BenchOptions(urls={"ddtree": "http://h:1"}))
     assert arms == ["ddtree"]
-    with pytest.raises(ConfigError, match="neither --algo"):
+    with pytest.raises(UsageError, match="neither --algo"):
         prepare(BenchOptions(urls={"ddtree": "http://h:1", "eagle": "http://h:2"}))
-    with pytest.raises(ConfigError, match="no algorithm 'eagle'"):
+    with pytest.raises(UsageError, match="no algorithm 'eagle'"):
         prepare(BenchOptions(baseline="eagle"))
+    with pytest.raises(UsageError, match="--host and --config go together"):
+        prepare(BenchOptions(host="gpu1"))
+    with pytest.raises(UsageError, match="drop --url"):
+        prepare(BenchOptions(host="gpu1", config=Path("deploy.yaml"), urls={"ddtree": "http://h:1"}))
+
+
+def test_host_without_config_exits_2_with_one_line():
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "ddtree_cli", "bench", "--host", "gpu1", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 2, res.stderr
+    assert "--host and --config go together" in res.stderr and res.stdout == ""
 
 
 def test_an_unreachable_url_is_a_one_line_error_and_writes_nothing(tmp_path):
@@ -114,10 +132,10 @@ def test_url_options_name_their_arms():
     assert _parse_urls(["http://h:1"], "ddtree") == {"ddtree": "http://h:1"}
     assert _parse_urls(["dflash=http://h:2", "ddtree=https://h:3"], "ddtree") == {
         "dflash": "http://h:2", "ddtree": "https://h:3"}
-    with pytest.raises(ConfigError, match="twice"):
+    with pytest.raises(UsageError, match="twice"):
         _parse_urls(["a=http://h:1", "a=http://h:2"], "a")
-    with pytest.raises(ConfigError, match="expected NAME=http"):
+    with pytest.raises(UsageError, match="expected NAME=http"):
         _parse_urls(["ddtree=h:1"], "ddtree")
     assert _parse_concurrency("1,4,16") == [1, 4, 16]
-    with pytest.raises(ConfigError):
+    with pytest.raises(UsageError):
         _parse_concurrency("1,x")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_cli import abi
-from ddtree_cli.verdict import Status
+from ddtree_cli.doctor.cuda_rules import check_cuda_packages, component_cuda_major, torch_own_pins
+from ddtree_cli.doctor.verdict import Status
 
 from .conftest import load_facts
 
@@ -106,7 +106,7 @@ def test_the_stacks_hold_what_pip_installs():
 def test_a_stock_torch_stack_passes(torch_version, cuda, with_requires):
     # with_requires=False: facts from a collector that did not read torch's Requires-Dist;
     # NVIDIA's component table alone must then place every wheel.
-    verdict = abi.check_cuda_packages(facts_for(torch_version, cuda, with_requires))
+    verdict = check_cuda_packages(facts_for(torch_version, cuda, with_requires))
     assert verdict.status is Status.PASS, verdict
     assert f"CUDA {cuda.split('.')[0]}" in verdict.detail
     if with_requires:
@@ -114,7 +114,7 @@ def test_a_stock_torch_stack_passes(torch_version, cuda, with_requires):
 
 
 def test_torch_own_pins_come_from_torch_and_cuda_toolkit():
-    pins = abi.torch_own_pins(facts_for("2.11.0", "13.0"))
+    pins = torch_own_pins(facts_for("2.11.0", "13.0"))
     assert pins["nvidia-cudnn-cu13"] == "9.19.0.56"
     assert pins["nvidia-cusparse"] == "12.6.3.3"
     assert pins["nvidia-cublas"] == "13.1.0.3"
@@ -126,17 +126,17 @@ def test_the_component_table_places_both_families():
     cu128, _ = stock_stack("2.9.1")
     cu130, _ = stock_stack("2.14.1")
     for name in ("cufft", "curand", "cusolver", "cusparse"):
-        assert abi.component_cuda_major(f"nvidia-{name}", cu130[f"nvidia-{name}"]) == 13
-        assert abi.component_cuda_major(f"nvidia-{name}", cu128[f"nvidia-{name}-cu12"]) == 12
-    assert abi.component_cuda_major("nvidia-ml-py", "12.575.51") is None
-    assert abi.component_cuda_major("nvidia-cufile", cu130["nvidia-cufile"]) is None
+        assert component_cuda_major(f"nvidia-{name}", cu130[f"nvidia-{name}"]) == 13
+        assert component_cuda_major(f"nvidia-{name}", cu128[f"nvidia-{name}-cu12"]) == 12
+    assert component_cuda_major("nvidia-ml-py", "12.575.51") is None
+    assert component_cuda_major("nvidia-cufile", cu130["nvidia-cufile"]) is None
 
 
 def test_cu12_cublas_next_to_a_cu130_torch_fails_and_names_the_fix():
     facts = facts_for("2.11.0", "13.0")
     cu128, _ = stock_stack("2.9.1")
     facts["packages"]["nvidia-cublas-cu12"] = cu128["nvidia-cublas-cu12"]
-    verdict = abi.check_cuda_packages(facts)
+    verdict = check_cuda_packages(facts)
     assert verdict.status is Status.FAIL
     assert "built for CUDA 13" in verdict.detail
     assert "nvidia-cublas-cu12==12.8.4.1 (-cu12 suffix)" in verdict.detail
@@ -151,7 +151,7 @@ def test_cu12_cudnn_with_a_cu130_torch_fails_with_torchs_cudnn_as_the_fix():
     facts = facts_for("2.11.0", "13.0")
     cu128, _ = stock_stack("2.9.1")
     facts["packages"]["nvidia-cudnn-cu12"] = cu128["nvidia-cudnn-cu12"]  # 9.10.2.21
-    verdict = abi.check_cuda_packages(facts)
+    verdict = check_cuda_packages(facts)
     assert verdict.status is Status.FAIL
     assert "nvidia-cudnn-cu12==9.10.2.21" in verdict.detail
     assert "uninstall -y nvidia-cudnn-cu12 " in verdict.fix
@@ -165,7 +165,7 @@ def test_a_package_that_needs_the_stray_is_named():
     # torch 2.9.1's own metadata requires nvidia-cudnn-cu12: as if its dist-info were left over.
     facts["packages"]["nvidia-cudnn-cu12"] = cu128["nvidia-cudnn-cu12"]
     facts["requires"]["torchlike-cu12"] = requires128["torch"]
-    verdict = abi.check_cuda_packages(facts)
+    verdict = check_cuda_packages(facts)
     assert "required by torchlike-cu12" in verdict.detail
     assert "then install torchlike-cu12 built for CUDA 13" in verdict.fix
 
@@ -174,7 +174,7 @@ def test_cu128_torch_with_a_cuda_13_library_fails():
     facts = facts_for("2.9.1", "12.8")
     cu130, _ = stock_stack("2.11.0")
     facts["packages"]["nvidia-cufft"] = cu130["nvidia-cufft"]  # 12.0.0.61, CUDA 13.0's cuFFT
-    verdict = abi.check_cuda_packages(facts)
+    verdict = check_cuda_packages(facts)
     assert verdict.status is Status.FAIL
     assert "nvidia-cufft==12.0.0.61 (NVIDIA's component table)" in verdict.detail
     assert "'nvidia-cufft-cu12==11.3.3.83'" in verdict.fix

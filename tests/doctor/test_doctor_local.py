@@ -152,6 +152,30 @@ def test_real_sglang_wheel_snapshot_abi_version_and_patch_state(tmp_path):
 
 @pytest.mark.sglang
 @pytest.mark.slow
+def test_doctor_and_deploy_read_one_snapshot_abi(tmp_path):
+    """doctor reads the snapshot folder; deploy's preflight reads the sync manifest of what it
+    ships. Both go through one reader and must agree on a real wheel."""
+    from ddtree_cli.deploy.sync import scan
+    from ddtree_cli.doctor.snapshot_abi import read_snapshot_abi
+    from ddtree_cli.errors import DdtreeError
+    from ddtree_cli.patching.fetch import fetch
+
+    try:
+        snapshot = fetch("0.5.13", into=tmp_path / "snap")  # pip download, cached
+    except DdtreeError as exc:
+        require(False, f"cannot download sglang 0.5.13: {exc}")
+    from_folder = read_snapshot_abi(snapshot)
+    from_manifest = read_snapshot_abi(snapshot, scan(snapshot))
+    assert from_folder == from_manifest
+    assert from_folder.version == "0.5.13"
+    assert from_folder.requires_python and from_folder.requires_python.startswith(">=")
+    assert any(tag.startswith(PY_TAG) for tag in from_folder.wheel_tags)
+    assert any(path.startswith("sglang/srt/grpc/_core.") for path, _ in from_folder.compiled)
+    assert from_folder.compiled and all(tag == PY_TAG for _, tag in from_folder.compiled)
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_wheel_for_another_python_fails_the_abi_check(tmp_path):
     other = "3.12" if sys.version_info[:2] != (3, 12) else "3.11"
     other_tag = "cp" + other.replace(".", "")
@@ -278,7 +302,7 @@ def test_draft_layers_of_real_exported_checkpoints(tmp_path):
 
 
 def test_save_facts_writes_what_the_verdicts_were_made_from(tmp_path):
-    from ddtree_cli import abi
+    from ddtree_cli.doctor.cuda_rules import check_cuda_packages
 
     saved = tmp_path / "facts.json"
     result = run_cli("doctor", "--python", sys.executable, "--no-probes", "--json",
@@ -286,6 +310,6 @@ def test_save_facts_writes_what_the_verdicts_were_made_from(tmp_path):
     facts = json.loads(saved.read_text())["local"]
     assert facts["python"]["executable"] == sys.executable
     assert "torch" in facts["requires"]  # torch's Requires-Dist, for cuda.packages
-    verdict = abi.check_cuda_packages(facts)
+    verdict = check_cuda_packages(facts)
     check = checks_of(result)["cuda.packages"]
     assert (check["status"], check["detail"]) == (verdict.status.value, verdict.detail)

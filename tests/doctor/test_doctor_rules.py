@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import json
 
-from ddtree_cli import doctor
-from ddtree_cli.doctor import DoctorOptions, HostFacts
+from ddtree_cli.doctor.cuda_rules import check_persistence_mode
+from ddtree_cli.doctor.fairness import check_fairness, differences
+from ddtree_cli.doctor.kernel_rules import check_attention_backend
+from ddtree_cli.doctor.process_rules import check_leftover_processes
+from ddtree_cli.doctor.report import DoctorOptions, HostFacts, build_report
+from ddtree_cli.doctor.service_rules import (
+    check_disk,
+    check_health,
+    check_ports,
+    check_unit,
+    check_unit_settings,
+)
+from ddtree_cli.doctor.verdict import Status
 from ddtree_cli.errors import RemoteError
-from ddtree_cli.verdict import Status
 
 
 def unit_facts(active, sub, journal=(), result="success", status="0", pid="0"):
@@ -35,7 +45,7 @@ def unit_facts(active, sub, journal=(), result="success", status="0", pid="0"):
 
 
 def test_running_unit_passes():
-    verdict = doctor.check_unit(unit_facts("active", "running", ["Uvicorn running"]), "sglang")
+    verdict = check_unit(unit_facts("active", "running", ["Uvicorn running"]), "sglang")
     assert verdict.status is Status.PASS
     assert verdict.detail == "sglang active (running), 2 restart(s)"
 
@@ -46,14 +56,14 @@ def test_running_unit_that_fell_back_to_cpu_fails():
         "Auto-configed device: cpu",
         "Uvicorn running",
     ]  # sglang#11395
-    verdict = doctor.check_unit(unit_facts("active", "running", journal), "sglang")
+    verdict = check_unit(unit_facts("active", "running", journal), "sglang")
     assert verdict.status is Status.FAIL
     assert "Auto-configed device: cpu" in verdict.detail
 
 
 def test_crash_looping_unit_fails_with_its_last_lines():
     journal = [f"line {i}" for i in range(30)]
-    verdict = doctor.check_unit(
+    verdict = check_unit(
         unit_facts("activating", "auto-restart", journal, "exit-code", "1"), "sglang"
     )
     assert verdict.status is Status.FAIL
@@ -62,12 +72,12 @@ def test_crash_looping_unit_fails_with_its_last_lines():
 
 
 def test_stopped_unit_warns_and_missing_unit_fails():
-    verdict = doctor.check_unit(unit_facts("inactive", "dead"), "sglang")
+    verdict = check_unit(unit_facts("inactive", "dead"), "sglang")
     assert verdict.status is Status.WARN
     assert verdict.fix == "systemctl start sglang.service"
     facts = unit_facts("inactive", "dead")
     facts["systemd"]["properties"]["LoadState"] = "not-found"
-    assert doctor.check_unit(facts, "sglang").status is Status.FAIL
+    assert check_unit(facts, "sglang").status is Status.FAIL
 
 
 def test_port_owned_by_the_unit_passes_and_by_someone_else_fails():
@@ -81,15 +91,15 @@ def test_port_owned_by_the_unit_passes_and_by_someone_else_fails():
             "cgroups": ["0::/system.slice/sglang.service"],
         }
     ]
-    assert doctor.check_ports(facts, "sglang")[0].status is Status.PASS
+    assert check_ports(facts, "sglang")[0].status is Status.PASS
     facts["ports"][0].update(
         pids=[99], processes=["python -m http.server"], cgroups=["0::/user.slice"]
     )
-    verdict = doctor.check_ports(facts, "sglang")[0]
+    verdict = check_ports(facts, "sglang")[0]
     assert verdict.status is Status.FAIL
     assert verdict.fix == "stop it (kill 99) or serve on another --port"
     # Without --unit we cannot tell whose server it is: a warning with the owner.
-    assert doctor.check_ports(facts, None)[0].status is Status.WARN
+    assert check_ports(facts, None)[0].status is Status.WARN
 
 
 def test_leftover_scheduler_reports_the_gpu_memory_it_holds(h200):
@@ -129,7 +139,7 @@ def test_leftover_scheduler_reports_the_gpu_memory_it_holds(h200):
             "used_memory_mib": 101376,
         }
     ]
-    verdict = doctor.check_leftover_processes(h200, "sglang")
+    verdict = check_leftover_processes(h200, "sglang")
     assert verdict.status is Status.FAIL
     assert "pid 7 sglang::scheduler_TP0: its launcher is gone" in verdict.detail
     assert "holding 101376 MiB of GPU memory" in verdict.detail
@@ -148,7 +158,7 @@ def test_children_of_a_stopped_unit_are_leftovers_even_under_their_launcher(h200
             "unit": "sglang.service", "unit_active_state": "inactive",
         }
     ]  # fmt: skip
-    verdict = doctor.check_leftover_processes(h200, None)
+    verdict = check_leftover_processes(h200, None)
     assert verdict.status is Status.FAIL
     assert "its unit sglang.service is inactive" in verdict.detail
     assert verdict.fix.startswith("stop the server left in a stopped unit: kill 5 ")
@@ -158,7 +168,7 @@ def test_facts_without_parents_are_never_a_kill(h200):
     # What a collector older than the parent fields wrote: no verdict to act on.
     h200["processes"] = [{"pid": 7, "name": "sglang::scheduler_TP0",
                           "cmdline": "sglang::scheduler_TP0", "cgroup": "0::/"}]  # fmt: skip
-    verdict = doctor.check_leftover_processes(h200, None)
+    verdict = check_leftover_processes(h200, None)
     assert verdict.status is Status.WARN
     assert "kill" not in verdict.fix and "ps -o pid,ppid,cmd -p 7" in verdict.fix
 
@@ -171,23 +181,23 @@ def test_disk_thresholds():
             {"path": "/opt/ddtree", "free_bytes": 4 * gib, "total_bytes": 50 * gib},
         ]
     }
-    verdict = doctor.check_disk(facts)
+    verdict = check_disk(facts)
     assert verdict.status is Status.FAIL
     assert "4.0 GiB free at /opt/ddtree" in verdict.detail
     facts["disk"][1]["free_bytes"] = 20 * gib
-    assert doctor.check_disk(facts).status is Status.WARN
+    assert check_disk(facts).status is Status.WARN
 
 
 def test_health_verdicts():
     ok = {"url": "http://h:30000/health", "status": 200, "error": None}
-    assert doctor.check_health(ok, "here").status is Status.PASS
-    assert doctor.check_health(dict(ok, status=503), "here").status is Status.WARN
+    assert check_health(ok, "here").status is Status.PASS
+    assert check_health(dict(ok, status=503), "here").status is Status.WARN
     refused = dict(ok, status=None, error="[Errno 111] Connection refused")
-    assert doctor.check_health(refused, "here").status is Status.FAIL
+    assert check_health(refused, "here").status is Status.FAIL
 
 
 def test_h200_and_a40_differ_in_everything_an_ab_depends_on(h200, a40):
-    diffs = doctor.differences({"h200": h200, "a40": a40})
+    diffs = differences({"h200": h200, "a40": a40})
     keys = [row["key"] for row in diffs]
     for key in (
         "gpu",
@@ -203,14 +213,14 @@ def test_h200_and_a40_differ_in_everything_an_ab_depends_on(h200, a40):
         assert key in keys
     gpu = next(row for row in diffs if row["key"] == "gpu")
     assert gpu["values"] == {"h200": "1× NVIDIA H200", "a40": "1× NVIDIA A40"}
-    verdict = doctor.check_fairness(diffs, ["h200", "a40"])
+    verdict = check_fairness(diffs, ["h200", "a40"])
     assert verdict.status is Status.WARN
     assert "measures the hosts, not the algorithm" in verdict.detail
 
 
 def test_identical_hosts_have_no_differences(h200):
-    assert doctor.differences({"a": h200, "b": json.loads(json.dumps(h200))}) == []
-    assert doctor.check_fairness([], ["a", "b"]).status is Status.PASS
+    assert differences({"a": h200, "b": json.loads(json.dumps(h200))}) == []
+    assert check_fairness([], ["a", "b"]).status is Status.PASS
 
 
 def test_report_json_has_the_documented_shape(h200, a40):
@@ -219,7 +229,7 @@ def test_report_json_has_the_documented_shape(h200, a40):
         HostFacts("a40", a40),
         HostFacts("gone", None, RemoteError("cannot reach gone: timed out")),
     ]
-    report = doctor.build_report(results, DoctorOptions())
+    report = build_report(results, DoctorOptions())
     data = report.to_json()
     assert data["ok"] is False
     assert set(data) >= {"ok", "checks", "differences"}
@@ -244,15 +254,15 @@ def test_fa3_on_an_sm120_gpu_fails_and_on_an_h200_passes(rtx5080, h200):
     # sglang#8373's RTX 5080 (CC 12.0); FA3 supports SM80-SM90 (see docs/doctor.md).
     for facts in (rtx5080, h200):
         facts["systemd"]["server_args"] = {"--attention-backend": "fa3"}
-    verdict = doctor.check_attention_backend(rtx5080)
+    verdict = check_attention_backend(rtx5080)
     assert verdict.status is Status.FAIL
     assert verdict.detail == "--attention-backend fa3 supports SM80-SM90 only; this host has sm_120"
-    assert doctor.check_attention_backend(h200).status is Status.PASS
+    assert check_attention_backend(h200).status is Status.PASS
 
 
 def test_trtllm_mla_prefill_on_sm120_fails(rtx5080):
     rtx5080["systemd"]["server_args"] = {"--prefill-attention-backend": "trtllm_mla"}
-    assert doctor.check_attention_backend(rtx5080).status is Status.FAIL
+    assert check_attention_backend(rtx5080).status is Status.FAIL
 
 
 def test_server_args_keep_only_whitelisted_flags():
@@ -273,24 +283,24 @@ def test_private_devices_fails_and_soft_settings_warn():
     facts = unit_facts("active", "running")
     props = facts["systemd"]["properties"]
     props.update(PrivateDevices="yes")
-    assert doctor.check_unit_settings(facts, "sglang").status is Status.FAIL
+    assert check_unit_settings(facts, "sglang").status is Status.FAIL
     props.update(
         PrivateDevices="no", DevicePolicy="closed", KillMode="control-group", LimitNOFILE="524288"
     )
-    verdict = doctor.check_unit_settings(facts, "sglang")
+    verdict = check_unit_settings(facts, "sglang")
     assert verdict.status is Status.WARN
     assert "char-nvidia-uvm" in verdict.fix
     props.update(DevicePolicy="auto")
-    assert doctor.check_unit_settings(facts, "sglang").status is Status.PASS
+    assert check_unit_settings(facts, "sglang").status is Status.PASS
 
 
 def test_persistence_mode_off_warns(h200):
     h200["nvidia_smi"]["gpus"][0]["persistence_mode"] = "Disabled"
-    verdict = doctor.check_persistence_mode(h200)
+    verdict = check_persistence_mode(h200)
     assert verdict.status is Status.WARN
     assert "nvidia-persistenced" in verdict.fix
     h200["nvidia_smi"]["gpus"][0]["persistence_mode"] = "Enabled"
-    assert doctor.check_persistence_mode(h200).status is Status.PASS
+    assert check_persistence_mode(h200).status is Status.PASS
 
 
 def test_table_output_shows_the_difference_table(h200, a40, capsys, monkeypatch):
@@ -298,7 +308,7 @@ def test_table_output_shows_the_difference_table(h200, a40, capsys, monkeypatch)
     from ddtree_cli.console import console
 
     monkeypatch.setattr(console, "width", 200)
-    report = doctor.build_report([HostFacts("h200", h200), HostFacts("a40", a40)], DoctorOptions())
+    report = build_report([HostFacts("h200", h200), HostFacts("a40", a40)], DoctorOptions())
     command._print_report(report)
     out = capsys.readouterr().out
     assert "differences across hosts" in out
@@ -334,7 +344,7 @@ def _ckpt_facts(ids, target_layers=4, declared=4, draft_layers=1):
 
 
 def test_draft_layers_rule():
-    from ddtree_cli.checkpoints import check_draft_layers as check
+    from ddtree_cli.doctor.checkpoints import check_draft_layers as check
 
     assert check(_ckpt_facts([1, 2])).status is Status.PASS
     # The drafter of the first H200 attempt: layers (1, 3) of a 4-layer target.
@@ -359,8 +369,8 @@ def test_draft_layers_rule():
 
 
 def test_launch_checkpoints_only_for_sglang_launches():
-    from ddtree_cli.checkpoints import launch_checkpoints
     from ddtree_cli.deploy.config import LaunchConfig
+    from ddtree_cli.doctor.checkpoints import launch_checkpoints
 
     sglang = LaunchConfig(model_path="/m/t", draft_model_path="/m/d")
     assert launch_checkpoints(sglang) == {"target": "/m/t", "draft": "/m/d"}

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_cli import doctor
+from ddtree_cli.doctor.process_rules import check_leftover_processes
+from ddtree_cli.doctor.service_rules import check_ports
+from ddtree_cli.doctor.verdict import Status
 from ddtree_cli.remote import facts as host_facts
-from ddtree_cli.verdict import Status
 
 CHILD = r"""
 import ctypes, time
@@ -91,7 +92,7 @@ def test_a_live_hand_started_server_is_reported_with_its_launcher_and_never_kill
     assert process["name"] == "sglang::scheduler_TP0"
     assert process["ppid"] == launcher.pid
     assert process["parent_is_launcher"] is True
-    verdict = doctor.check_leftover_processes(facts, None)
+    verdict = check_leftover_processes(facts, None)
     assert verdict.status is Status.PASS, verdict
     assert f"launcher pid {launcher.pid}" in verdict.detail
     assert "kill" not in verdict.detail + verdict.fix
@@ -101,7 +102,7 @@ def test_beside_a_running_unit_it_is_a_warning_naming_the_launcher_not_a_kill(se
     launcher, child = server
     facts = _facts_for(child)
     facts["systemd"]["properties"] = {"ActiveState": "active"}  # --unit sglang is running
-    verdict = doctor.check_leftover_processes(facts, "sglang")
+    verdict = check_leftover_processes(facts, "sglang")
     assert verdict.status is Status.WARN
     assert "outside sglang.service" in verdict.detail
     assert f"launcher pid {launcher.pid}" in verdict.detail
@@ -116,7 +117,7 @@ def test_once_the_launcher_is_killed_the_child_is_a_leftover_to_kill(server):
     facts = _facts_for(child)
     (process,) = facts["processes"]
     assert process["parent_is_launcher"] is False
-    verdict = doctor.check_leftover_processes(facts, None)
+    verdict = check_leftover_processes(facts, None)
     assert verdict.status is Status.FAIL
     assert f"pid {child} sglang::scheduler_TP0: its launcher is gone" in verdict.detail
     assert verdict.fix.startswith(f"kill {child} ")
@@ -142,11 +143,11 @@ def test_a_port_held_by_a_live_sglang_server_is_named_not_killed(tmp_path):
         port = int(_wait(lambda: port_file.exists() and port_file.read_text(), "the port"))
         facts = {"ports": host_facts.port_facts([port]), "systemd": {"properties": {}}}
         assert facts["ports"][0]["pids"] == [server.pid]
-        (held,) = doctor.check_ports(facts, "sglang")
+        (held,) = check_ports(facts, "sglang")
         assert held.status is Status.FAIL  # the unit cannot bind it ...
         assert "held by a live SGLang server outside sglang" in held.detail
         assert "kill" not in held.fix  # ... but the server is someone's, not a leftover
-        (free,) = doctor.check_ports(facts, None)
+        (free,) = check_ports(facts, None)
         assert free.status is Status.PASS and f"pid {server.pid}" in free.detail
     finally:
         server.kill()

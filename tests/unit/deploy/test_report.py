@@ -38,3 +38,24 @@ def test_success_statuses_and_unit_states():
     assert HostStatus.of_unit("inactive") is HostStatus.INACTIVE
     assert HostStatus.of_unit("failed") is HostStatus.FAILED
     assert HostStatus.of_unit("something-new") is HostStatus.UNKNOWN
+
+
+def test_preflight_rows_are_doctor_verdicts_with_deploys_field_names():
+    from ddtree_cli.doctor.verdict import Status, failed, passed
+
+    rows = [passed("systemd", "systemd is running"),
+            failed("port.free", "port 30000 is taken by nc", "stop that process")]  # fmt: skip
+    report = HostReport(host="gpu1", unit="ddtree.service", status=HostStatus.PREFLIGHT_FAILED,
+                        preflight=rows)  # fmt: skip
+    out = json.loads(json.dumps(report.to_json()))
+    assert out["preflight"] == [
+        {"check": "systemd", "status": "pass", "detail": "systemd is running", "fix": ""},
+        {"check": "port.free", "status": "fail", "detail": "port 30000 is taken by nc",
+         "fix": "stop that process"},
+    ]  # fmt: skip
+    assert rows[1].failed and rows[1].status is Status.FAIL and f"{rows[1].status}" == "fail"
+    # doctor places the same verdict on a host for its own contract
+    assert rows[1].on("gpu1").to_json() == {
+        "host": "gpu1", "id": "port.free", "status": "fail",
+        "detail": "port 30000 is taken by nc", "fix": "stop that process",
+    }  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ddtree_cli.verdict import Verdict, failed, passed, skipped
+from ddtree_cli.doctor.verdict import Verdict, failed, passed, skipped
 
 if TYPE_CHECKING:
     from ddtree_cli.deploy.config import LaunchConfig
