@@ -6,19 +6,25 @@ the small drafter's function inside the shape of the published DFlash drafter fo
 Dense kernels do the same work whatever the values, so the pair costs what the real models
 cost. docs/scaled-pair.md derives why each step below preserves the function exactly in real
 arithmetic and where bf16 makes it approximate. In short, every hidden-size vector of the big
-models is ``s * x_small`` in the first ``d`` channels, a constant ``a`` in channel ``d`` and zero
-elsewhere, with ``s**2 * d / D = k`` and ``a**2 = D * eps * (k - 1)``, so that every RMSNorm sees
+models is ``s * Q x_small + a * e_d``: ``Q`` (``D x d``) has orthonormal columns with disjoint
+supports (``dense``: the ``D - 1`` channels other than ``d`` dealt out to the ``d`` small ones
+with seeded coefficients; ``sparse``: the first ``d`` channels), ``e_d`` is the constant
+channel, ``s**2 * d / D = k`` and ``a**2 = D * eps * (k - 1)``, so that every RMSNorm sees
 ``rms_big = sqrt(k) * rms_small`` exactly (the constant channel stands in for ``(k - 1)`` of
-the ``eps``), and norm weights are the small ones times ``sqrt(k) / s``:
+the ``eps``); norm weights are the small ones times ``sqrt(k) / s`` on each small channel's
+big channels, readers are ``W Q^T`` and writers ``s Q W``:
 
 - attention heads keep their GQA group (small head ``h`` of group ``g`` -> big head
   ``g * G + h % g_small``); a small head's rotary pair ``(i, i + hs/2)`` sits at the big head's
-  pair ``(r*i, r*i + hb/2)`` with ``r = hb / hs``, whose RoPE frequency is the same; q and k are
-  scaled by ``sqrt(r)`` before their norms (so those norms are exact too) and the q norm's weight
-  by ``1 / sqrt(r)`` (so the ``1/sqrt(head_dim)`` score scale is the small one);
-- extra heads, FFN units, layers and drafter feature slots contribute exactly zero: what they
-  compute never reaches the residual stream (zero output projections); weights whose input is
-  always zero are filled with seeded random values, so the kernels see dense weights;
+  pair ``(r*i, r*i + hb/2)`` with ``r = hb / hs``, whose RoPE frequency is the same. ``dense``:
+  the ``r`` big dims ``r*i + t`` all compute the small value (so the per-head norms see the
+  small mean square), ``k_norm`` is zero on the copies, ``q_norm`` is scaled by ``sqrt(r)``;
+  ``sparse``: the copies are zero and q, k are scaled by ``sqrt(r)``, ``q_norm`` by
+  ``1 / sqrt(r)``;
+- what extra heads, FFN units and layers compute never reaches the residual stream.
+  ``dense``: it is computed in adjacent identical pairs (value dims, units) and written with
+  random column pairs ``(C, -C)``; ``sparse``: written with zero columns. Rows that must read
+  nothing are random rows orthogonal to ``Q`` and ``e_d``;
 - extra vocabulary entries copy the LM head row of ``REFERENCE_TOKEN`` and add a large negative
   weight on the constant channel: their logit is that token's logit minus a positive margin,
   so they can never win, and their share of a softmax is negligible.
