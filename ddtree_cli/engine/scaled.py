@@ -22,7 +22,7 @@ big channels, readers are ``W Q^T`` and writers ``s Q W``:
   ``sparse``: the copies are zero and q, k are scaled by ``sqrt(r)``, ``q_norm`` by
   ``1 / sqrt(r)``;
 - what extra heads, FFN units and layers compute never reaches the residual stream.
-  ``dense``: it is computed in adjacent identical pairs (value dims, units) and written with
+  ``dense``: it is computed in identical pairs (value dims, units) and written with
   random column pairs ``(C, -C)``; ``sparse``: written with zero columns. Rows that must read
   nothing are random rows orthogonal to ``Q`` and ``e_d``;
 - extra vocabulary entries copy the LM head row of ``REFERENCE_TOKEN`` and add a large negative
@@ -328,8 +328,9 @@ class _Builder:
     """Builds big tensors (float32, on ``device``) from small ones; free weights are random.
 
     ``dense``: every value that must not reach the residual stream is computed twice
-    (adjacent identical rows: value dims of a head, FFN units) and written with opposite
-    columns ``(C, -C)``; ``sparse``: it is written with zero columns."""
+    (identical rows: value dims ``j`` and ``j + hb/2`` of a head, extra FFN units ``j`` and
+    ``j + n/2``) and written with opposite columns ``(C, -C)``; ``sparse``: it is written with
+    zero columns."""
 
     def __init__(self, res: Residual, basis: Basis, dense: bool, device: torch.device, seed: int):
         self.res = res
@@ -372,25 +373,28 @@ class _Builder:
         """Columns writing ``s`` times the small update ``w`` into the residual stream."""
         return self.basis.write(self.small(w)) * self.res.s
 
-    def discard(self, cols: int, start: int) -> torch.Tensor:
-        """An output projection whose columns from ``start`` on write nothing: zero (sparse)
-        or random in pairs ``(C, -C)`` for inputs computed in identical pairs (dense); the
-        constant channel's row is zero, so no writer ever touches it."""
+    def twins(self, start: int, end: int, groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Indices ``(first, second)`` pairing ``[start, end)`` (split in ``groups`` equal
+        parts, each paired with itself) half against half: ``j`` with ``j + n/2``. Twins sit
+        far apart, so no chunk of a kernel's reduction holds both halves of a pair."""
+        size = (end - start) // groups
+        half = torch.arange(size // 2, device=self.device)
+        first = (start + size * torch.arange(groups, device=self.device)[:, None] + half).flatten()
+        return first, first + size // 2
+
+    def discard(self, cols: int, twins: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """An output projection whose columns write nothing: zero (sparse), or (dense) random
+        in ``twins`` pairs ``(C, -C)`` for inputs computed identically in both, zero in the
+        other columns (which a real block overwrites); the constant channel's row is zero, so
+        no writer ever touches it."""
         if not self.dense:
             return torch.zeros(self.res.big, cols, device=self.device)
-        out = self.random((self.res.big, cols))
-        n = (cols - start) // 2
-        out[:, start + 1 : start + 2 * n : 2] = -out[:, start : start + 2 * n : 2]
-        out[:, start + 2 * n :] = 0.0
+        first, second = twins
+        out = torch.zeros(self.res.big, cols, device=self.device)
+        out[:, first] = self.random((self.res.big, len(first)))
+        out[:, second] = -out[:, first]
         out[self.basis.constant] = 0.0
         return out
-
-    @staticmethod
-    def pair_rows(t: torch.Tensor, start: int) -> torch.Tensor:
-        """Rows ``start + 2m + 1`` copy rows ``start + 2m`` (identical computed values)."""
-        n = (t.shape[0] - start) // 2
-        t[start + 1 : start + 2 * n : 2] = t[start : start + 2 * n : 2]
-        return t
 
     def layer(self, small: dict[str, torch.Tensor] | None, s_attn: AttnShape, b_attn: AttnShape,
               intermediate: int) -> dict[str, torch.Tensor]:  # fmt: skip
@@ -403,12 +407,15 @@ class _Builder:
         v = self.random((kv_rows, big))
         gate = self.random((intermediate, big))
         up = self.random((intermediate, big))
-        if self.dense:
-            self.pair_rows(v, 0)  # every head's output dims come in identical pairs
-            self.pair_rows(gate, units)
-            self.pair_rows(up, units)
-        o = self.discard(q_rows, 0)
-        down = self.discard(intermediate, units)
+        value_twins = self.twins(0, q_rows, b_attn.heads)  # dims j, j + hb/2 of every head
+        unit_twins = self.twins(units, intermediate)  # the extra units
+        if self.dense:  # twin rows compute identical values
+            first, second = self.twins(0, kv_rows, b_attn.kv_heads)
+            v[second] = v[first]
+            gate[unit_twins[1]] = gate[unit_twins[0]]
+            up[unit_twins[1]] = up[unit_twins[0]]
+        o = self.discard(q_rows, value_twins)
+        down = self.discard(intermediate, unit_twins)
         q_norm = torch.ones(hb, device=self.device)
         k_norm = torch.ones(hb, device=self.device)
         out = {
@@ -425,23 +432,27 @@ class _Builder:
         pi = dim_map(s_attn.head_dim, hb).to(self.device)
         r = hb // s_attn.head_dim
 
-        def at(heads: torch.Tensor, offset: int) -> torch.Tensor:
-            # Row of (big head, big dim pi + offset) for every (small head, small dim).
-            return (heads.to(self.device)[:, None] * hb + pi[None, :] + offset).flatten()
+        def at(heads: torch.Tensor, offset: int, dims: torch.Tensor = pi) -> torch.Tensor:
+            # Row of (big head, big dim dims + offset) for every (small head, small dim).
+            return (heads.to(self.device)[:, None] * hb + dims[None, :] + offset).flatten()
 
         def heads_of(heads: torch.Tensor) -> torch.Tensor:
             return (heads.to(self.device)[:, None] * hb + torch.arange(hb, device=self.device)).flatten()
 
         w = {name: self.small(t) for name, t in small.items()}
         if self.dense:
-            # The r dims of a small dim's group all hold its value: the per-head mean square
+            # The r dims pi + t of a small q/k dim all hold its value: the per-head mean square
             # over hb dims is the small one over hs. k keeps only dim pi (k_norm weight 0 on
             # the copies), so the score sums the small terms, sqrt(r) too small: q_norm * sqrt(r).
+            # V (no RoPE) holds small dim j in dims j + t * hs, each written with 1/r of o_proj.
+            v_dims = torch.arange(s_attn.head_dim, device=self.device)
             for t in range(r):
                 q[at(qmap, t)] = self.read(w["self_attn.q_proj.weight"])
                 k[at(kvmap, t)] = self.read(w["self_attn.k_proj.weight"])
-                v[at(kvmap, t)] = self.read(w["self_attn.v_proj.weight"])
-                o[:, at(qmap, t)] = self.write(w["self_attn.o_proj.weight"]) / r
+                v[at(kvmap, t * s_attn.head_dim, v_dims)] = self.read(w["self_attn.v_proj.weight"])
+                o[:, at(qmap, t * s_attn.head_dim, v_dims)] = (
+                    self.write(w["self_attn.o_proj.weight"]) / r
+                )
                 q_norm[pi + t] = w["self_attn.q_norm.weight"] * math.sqrt(r)
                 k_norm[pi + t] = w["self_attn.k_norm.weight"] if t == 0 else 0.0
         else:
