@@ -8,9 +8,10 @@ Three steps, each one call (docs/scaled-pair.md has the commands and what each s
   winner), then greedy AR, DFLASH and DDTREE outputs and accepted tokens per round, small
   against scaled;
 - ``cost``: the verify forward (a block of ``width`` tokens per request against a context of
-  ``--context`` tokens, as the target's verify pass is) of the scaled target and of a
-  random-weight Qwen3-8B-shaped target, both bf16 and replayed from CUDA graphs, interleaved
-  in the same run, batch 1/8/32 x width 16/64: median ms and the ratio;
+  ``--context`` tokens, as the target's verify pass is) of the scaled targets (``dense``, the
+  default construction, and ``sparse``, the first one: ``--constructions``) and of a
+  random-weight Qwen3-8B-shaped target, all bf16 and replayed from CUDA graphs, interleaved
+  in the same run, batch 1/8/32 x width 16/64: median ms and each ratio to random;
 - ``agree``: two sets of SGLang servers started by ``run.py serve`` (plain, dflash, ddtree),
   the scaled pair's on one port base and the small pair's on another: greedy outputs of each
   arm, scaled against small, with the first divergence and both plain servers' top-2 margins
@@ -18,8 +19,8 @@ Three steps, each one call (docs/scaled-pair.md has the commands and what each s
 
 Usage (repository root, torch on the machine; ``agree`` needs only the standard library):
 
-    python3 benchmarks/scaled_pair_gpu.py exact --out exact.json
-    python3 benchmarks/scaled_pair_gpu.py cost --out cost.json
+    python3 benchmarks/scaled_pair_gpu.py exact --out exact.json [--construction sparse]
+    python3 benchmarks/scaled_pair_gpu.py cost --out cost.json [--constructions dense]
     python3 benchmarks/scaled_pair_gpu.py agree --prompt-file heldout --out agree.json \
         [--scaled-base 30000 --small-base 31000 --prompts 100 --max-new 64]
 """
