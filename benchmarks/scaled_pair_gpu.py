@@ -289,9 +289,10 @@ def cmd_cost(args) -> dict:
             times: dict[str, list[float]] = {n: [] for n in models}
             for g, _ in graphs.values():
                 time_graph(g, 3)  # warm
-            for _ in range(args.rounds):  # interleaved: dense, sparse, random, dense, ...
-                for n, (g, _) in graphs.items():
-                    times[n].append(time_graph(g, args.reps))
+            names = list(graphs)
+            for r in range(args.rounds):  # interleaved, the order rotating every round
+                for n in names[r % len(names) :] + names[: r % len(names)]:
+                    times[n].append(time_graph(graphs[n][0], args.reps))
             med = {n: statistics.median(v) for n, v in times.items()}
             report["cells"].append({
                 "batch": batch, "width": width,
