@@ -8,9 +8,10 @@ Three steps, each one call (docs/scaled-pair.md has the commands and what each s
   winner), then greedy AR, DFLASH and DDTREE outputs and accepted tokens per round, small
   against scaled;
 - ``cost``: the verify forward (a block of ``width`` tokens per request against a context of
-  ``--context`` tokens, as the target's verify pass is) of the scaled target and of a
-  random-weight Qwen3-8B-shaped target, both bf16 and replayed from CUDA graphs, interleaved
-  in the same run, batch 1/8/32 x width 16/64: median ms and the ratio;
+  ``--context`` tokens, as the target's verify pass is) of the scaled targets (``dense``, the
+  default construction, and ``sparse``, the first one: ``--constructions``) and of a
+  random-weight Qwen3-8B-shaped target, all bf16 and replayed from CUDA graphs, interleaved
+  in the same run, batch 1/8/32 x width 16/64: median ms and each ratio to random;
 - ``agree``: two sets of SGLang servers started by ``run.py serve`` (plain, dflash, ddtree),
   the scaled pair's on one port base and the small pair's on another: greedy outputs of each
   arm, scaled against small, with the first divergence and both plain servers' top-2 margins
@@ -18,8 +19,8 @@ Three steps, each one call (docs/scaled-pair.md has the commands and what each s
 
 Usage (repository root, torch on the machine; ``agree`` needs only the standard library):
 
-    python3 benchmarks/scaled_pair_gpu.py exact --out exact.json
-    python3 benchmarks/scaled_pair_gpu.py cost --out cost.json
+    python3 benchmarks/scaled_pair_gpu.py exact --out exact.json [--construction sparse]
+    python3 benchmarks/scaled_pair_gpu.py cost --out cost.json [--constructions dense]
     python3 benchmarks/scaled_pair_gpu.py agree --prompt-file heldout --out agree.json \
         [--scaled-base 30000 --small-base 31000 --prompts 100 --max-new 64]
 """
@@ -39,6 +40,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 ARMS = ("plain", "dflash", "ddtree")
+CONSTRUCTIONS = ("dense", "sparse")  # ddtree_cli.engine.scaled's (torch-free import here)
+
+
+def constructions(value: str) -> list[str]:
+    names = [v for v in value.split(",") if v]
+    if not names or set(names) - set(CONSTRUCTIONS):
+        raise argparse.ArgumentTypeError(f"{value!r}: a comma list of {', '.join(CONSTRUCTIONS)}")
+    return names
 
 
 # ------------------------------------------------------------------------ prompts
@@ -146,7 +155,8 @@ def cmd_exact(args) -> dict:
     device = torch.device(args.device)
     small = load_embedded_pair()
     t0 = time.perf_counter()
-    scaled = scale_pair(small, get_scale(args.scale), device=device, seed=args.seed)
+    scaled = scale_pair(small, get_scale(args.scale), device=device, seed=args.seed,
+                        construction=args.construction)  # fmt: skip
     big = build_modules(scaled, device, torch.float32)
     build_s = time.perf_counter() - t0
     small.target.to(device)
@@ -162,6 +172,7 @@ def cmd_exact(args) -> dict:
         margin = min(margin, float(gap.min()))
     report = {
         "scale": args.scale,
+        "construction": args.construction,
         "build_and_load_s": round(build_s, 1),
         "prompts": len(prompts),
         "prompt_len": args.prompt_len,
@@ -260,13 +271,16 @@ def cmd_cost(args) -> dict:
 
     device = torch.device("cuda")
     t0 = time.perf_counter()
-    scaled = scale_pair(load_embedded_pair(), get_scale(args.scale), device=device, seed=args.seed)
-    models = {
-        "scaled": build_modules(scaled, device, torch.bfloat16).target,
-        "random": random_target(scaled.target_config, device, torch.bfloat16),
-    }
-    report = {"scale": args.scale, "context": args.context, "build_s": 0.0, "cells": []}
-    report["build_s"] = round(time.perf_counter() - t0, 1)
+    small = load_embedded_pair()
+    models = {}
+    for construction in args.constructions:
+        scaled = scale_pair(small, get_scale(args.scale), device=device, seed=args.seed,
+                            construction=construction)  # fmt: skip
+        models[construction] = build_modules(scaled, device, torch.bfloat16).target
+        torch.cuda.empty_cache()
+    models["random"] = random_target(scaled.target_config, device, torch.bfloat16)
+    report = {"scale": args.scale, "context": args.context, "constructions": args.constructions,
+              "build_s": round(time.perf_counter() - t0, 1), "cells": []}  # fmt: skip
     for batch in args.batches:
         for width in args.widths:
             # (graph, cache): the cache must live as long as the graph that writes into it.
@@ -275,20 +289,22 @@ def cmd_cost(args) -> dict:
             times: dict[str, list[float]] = {n: [] for n in models}
             for g, _ in graphs.values():
                 time_graph(g, 3)  # warm
-            for _ in range(args.rounds):  # interleaved: scaled, random, scaled, ...
-                for n, (g, _) in graphs.items():
-                    times[n].append(time_graph(g, args.reps))
+            names = list(graphs)
+            for r in range(args.rounds):  # interleaved, the order rotating every round
+                for n in names[r % len(names) :] + names[: r % len(names)]:
+                    times[n].append(time_graph(graphs[n][0], args.reps))
             med = {n: statistics.median(v) for n, v in times.items()}
             report["cells"].append({
                 "batch": batch, "width": width,
-                "scaled_ms": round(med["scaled"], 3), "random_ms": round(med["random"], 3),
-                "ratio": round(med["scaled"] / med["random"], 4),
+                **{f"{n}_ms": round(m, 3) for n, m in med.items()},
+                **{f"ratio_{n}": round(med[n] / med["random"], 4) for n in args.constructions},
                 "spread_ms": {n: [round(min(v), 3), round(max(v), 3)] for n, v in times.items()},
             })  # fmt: skip
             print(json.dumps(report["cells"][-1]), flush=True)
             del graphs
             torch.cuda.empty_cache()
-    report["max_ratio_deviation"] = max(abs(c["ratio"] - 1.0) for c in report["cells"])
+    for n in args.constructions:
+        report[f"max_ratio_deviation_{n}"] = max(abs(c[f"ratio_{n}"] - 1.0) for c in report["cells"])
     return report
 
 
@@ -362,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["exact"].add_argument("--device", default="cuda")
     sub.choices["exact"].add_argument("--decode-prompts", type=int, default=8)
     sub.choices["exact"].add_argument("--max-new", type=int, default=64)
+    sub.choices["exact"].add_argument("--construction", choices=CONSTRUCTIONS, default="dense")
     cost = sub.choices["cost"]
     cost.add_argument(
         "--batches", type=lambda v: [int(x) for x in v.split(",")], default=[1, 8, 32]
@@ -370,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     cost.add_argument("--context", type=int, default=1024)
     cost.add_argument("--rounds", type=int, default=7)
     cost.add_argument("--reps", type=int, default=10)
+    cost.add_argument(
+        "--constructions", type=constructions, default=list(CONSTRUCTIONS),
+        help="scaled targets timed against the random one (default: dense,sparse)",
+    )  # fmt: skip
     agree = sub.choices["agree"]
     agree.add_argument("--prompts", type=int, default=100)
     agree.add_argument("--max-new", type=int, default=64)

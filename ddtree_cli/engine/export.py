@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from ddtree_cli.engine.model_config import DraftConfig, TargetConfig
-from ddtree_cli.engine.scaled import SCALES, Scale, scale_pair
+from ddtree_cli.engine.scaled import CONSTRUCTIONS, SCALES, Scale, scale_pair
 from ddtree_cli.engine.weights import (
     DEFAULT_SEED,
     ModelPair,
@@ -119,11 +119,12 @@ def export_scaled(
     device: str | torch.device = "cpu",
     seed: int = DEFAULT_SEED,
     shard_bytes: int = SHARD_BYTES,
+    construction: str = "dense",
 ) -> ExportResult:
     """Write the scaled pair of ``pair`` (see ``scaled.py``) under ``out``, as export_pair does;
     tensors are built on ``device`` one at a time and written in shards of ``shard_bytes``."""
     _check_out(out, dtype)
-    scaled = scale_pair(pair, scale, device=device, seed=seed)
+    scaled = scale_pair(pair, scale, device=device, seed=seed, construction=construction)
     check_sglang_capturable(scaled.target_config, scaled.draft_config)
     target_cfg = {**target_config(scaled.target_config, dtype), **dict(scale.target_hf_extra)}
     parts = [
@@ -262,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", choices=sorted(SCALES),
                    help="embed the pair (default: the shipped trained pair) in this model's "
                    "shape, same function (docs/scaled-pair.md)")  # fmt: skip
+    p.add_argument("--construction", choices=CONSTRUCTIONS, default="dense",
+                   help="with --scale: dense (default) or the first, sparse construction")  # fmt: skip
     p.add_argument("out_dir", nargs="?", type=Path, metavar="OUT", help="same as --out")
     p.add_argument("--out", type=Path)
     p.add_argument("--block-size", type=int, default=16, help="with --random only")
@@ -285,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             pair = load_embedded_pair()
         if args.scale:
             device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-            result = export_scaled(pair, SCALES[args.scale], out, args.dtype, device, args.seed)
+            result = export_scaled(pair, SCALES[args.scale], out, args.dtype, device, args.seed,
+                                   construction=args.construction)  # fmt: skip
         else:
             result = export_pair(pair, out, args.dtype)
     except DdtreeError as exc:

@@ -6,19 +6,25 @@ the small drafter's function inside the shape of the published DFlash drafter fo
 Dense kernels do the same work whatever the values, so the pair costs what the real models
 cost. docs/scaled-pair.md derives why each step below preserves the function exactly in real
 arithmetic and where bf16 makes it approximate. In short, every hidden-size vector of the big
-models is ``s * x_small`` in the first ``d`` channels, a constant ``a`` in channel ``d`` and zero
-elsewhere, with ``s**2 * d / D = k`` and ``a**2 = D * eps * (k - 1)``, so that every RMSNorm sees
+models is ``s * Q x_small + a * e_d``: ``Q`` (``D x d``) has orthonormal columns with disjoint
+supports (``dense``: the ``D - 1`` channels other than ``d`` dealt out to the ``d`` small ones
+with seeded coefficients; ``sparse``: the first ``d`` channels), ``e_d`` is the constant
+channel, ``s**2 * d / D = k`` and ``a**2 = D * eps * (k - 1)``, so that every RMSNorm sees
 ``rms_big = sqrt(k) * rms_small`` exactly (the constant channel stands in for ``(k - 1)`` of
-the ``eps``), and norm weights are the small ones times ``sqrt(k) / s``:
+the ``eps``); norm weights are the small ones times ``sqrt(k) / s`` on each small channel's
+big channels, readers are ``W Q^T`` and writers ``s Q W``:
 
 - attention heads keep their GQA group (small head ``h`` of group ``g`` -> big head
   ``g * G + h % g_small``); a small head's rotary pair ``(i, i + hs/2)`` sits at the big head's
-  pair ``(r*i, r*i + hb/2)`` with ``r = hb / hs``, whose RoPE frequency is the same; q and k are
-  scaled by ``sqrt(r)`` before their norms (so those norms are exact too) and the q norm's weight
-  by ``1 / sqrt(r)`` (so the ``1/sqrt(head_dim)`` score scale is the small one);
-- extra heads, FFN units, layers and drafter feature slots contribute exactly zero: what they
-  compute never reaches the residual stream (zero output projections); weights whose input is
-  always zero are filled with seeded random values, so the kernels see dense weights;
+  pair ``(r*i, r*i + hb/2)`` with ``r = hb / hs``, whose RoPE frequency is the same. ``dense``:
+  the ``r`` big dims ``r*i + t`` all compute the small value (so the per-head norms see the
+  small mean square), ``k_norm`` is zero on the copies, ``q_norm`` is scaled by ``sqrt(r)``;
+  ``sparse``: the copies are zero and q, k are scaled by ``sqrt(r)``, ``q_norm`` by
+  ``1 / sqrt(r)``;
+- what extra heads, FFN units and layers compute never reaches the residual stream.
+  ``dense``: it is computed in identical pairs (value dims, units) and written with
+  random column pairs ``(C, -C)``; ``sparse``: written with zero columns. Rows that must read
+  nothing are random rows orthogonal to ``Q`` and ``e_d``;
 - extra vocabulary entries copy the LM head row of ``REFERENCE_TOKEN`` and add a large negative
   weight on the constant channel: their logit is that token's logit minus a positive margin,
   so they can never win, and their share of a softmax is negligible.
@@ -42,6 +48,10 @@ from ddtree_cli.errors import ConfigError
 REFERENCE_TOKEN = 0
 MARGIN = 32.0
 MARGIN_RMS = 256.0
+# How the small model sits in the big one (docs/scaled-pair.md): ``dense`` spreads it over every
+# channel and computes what must not reach the residual in cancelling pairs; ``sparse`` (the
+# first construction) keeps it in the first channels with zeros elsewhere.
+CONSTRUCTIONS = ("dense", "sparse")
 # The final norms' weight on the constant channel; large so the LM head's weight stays small
 # (float16 range), a power of two so it is exact in every dtype.
 CONSTANT_NORM_WEIGHT = 256.0
@@ -242,11 +252,90 @@ def place_layers(
     return places
 
 
-class _Builder:
-    """Builds big tensors (float32, on ``device``) from small ones; free weights are random."""
+@dataclass(frozen=True)
+class Basis:
+    """The ``D x d`` matrix ``Q`` that carries a small hidden vector into the big residual
+    stream: big channel ``c`` holds ``coef[c] * x[owner[c]]`` (``owner -1``: no small channel).
+    Its columns are orthonormal with disjoint supports, so ``|Q x| = |x|`` and an elementwise
+    weight on the big channels is an elementwise weight on the small ones. Channel
+    ``constant`` belongs to no small channel: it holds the constant ``a``."""
 
-    def __init__(self, res: Residual, device: torch.device, seed: int):
+    owner: torch.Tensor  # long [D]
+    coef: torch.Tensor  # float32 [D]
+    small: int
+    constant: int
+
+    @property
+    def owned(self) -> torch.Tensor:
+        return (self.owner >= 0).nonzero().flatten()
+
+    @property
+    def free(self) -> torch.Tensor:
+        """Channels that are exactly zero in every residual (the sparse layout's)."""
+        free = self.owner < 0
+        free[self.constant] = False
+        return free.nonzero().flatten()
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """``Q x`` along the last axis ([..., d] -> [..., D]); for a weight ``W`` that reads
+        small vectors this is ``W Q^T``, the weight that reads their images."""
+        return x[..., self.owner.clamp(min=0)] * self.coef
+
+    def project(self, v: torch.Tensor) -> torch.Tensor:
+        """``Q^T v`` along the last axis ([..., D] -> [..., d])."""
+        owned = self.owned
+        out = torch.zeros(*v.shape[:-1], self.small, device=v.device, dtype=v.dtype)
+        return out.index_add_(-1, self.owner[owned], v[..., owned] * self.coef[owned])
+
+    def write(self, w: torch.Tensor) -> torch.Tensor:
+        """``Q W`` for a weight ``W`` [d, cols] that writes small vectors: [D, cols]."""
+        return w[self.owner.clamp(min=0)] * self.coef[:, None]
+
+    def complement(self, r: torch.Tensor) -> torch.Tensor:
+        """Rows ``r`` [rows, D] less their part in ``span(Q)`` and on the constant channel:
+        they read nothing of any residual (in real arithmetic)."""
+        r = r - self.embed(self.project(r))
+        r[:, self.constant] = 0.0
+        return r
+
+
+def residual_basis(
+    small: int, big: int, construction: str, device: torch.device, seed: int
+) -> Basis:
+    """``sparse``: small channel ``i`` is big channel ``i`` (the constant channel ``d``, the
+    rest zero). ``dense``: the ``D - 1`` channels other than ``d`` are dealt out at random to
+    the ``d`` small channels (10 or 11 each for Qwen3-8B) with seeded Gaussian coefficients
+    normalised per small channel, so every channel of the residual stream carries a value."""
+    if construction not in CONSTRUCTIONS:
+        raise ConfigError(f"construction {construction!r}: expected one of {list(CONSTRUCTIONS)}")
+    owner = torch.full((big,), -1, dtype=torch.long)
+    coef = torch.zeros(big, dtype=torch.float64)
+    if construction == "sparse":
+        owner[:small] = torch.arange(small)
+        coef[:small] = 1.0
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        channels = torch.cat([torch.arange(small), torch.arange(small + 1, big)])
+        channels = channels[torch.randperm(big - 1, generator=gen)]
+        owner[channels] = torch.arange(big - 1) % small
+        raw = torch.randn(big - 1, generator=gen, dtype=torch.float64)
+        norm = torch.zeros(small, dtype=torch.float64).index_add_(0, owner[channels], raw * raw)
+        coef[channels] = raw / norm.sqrt()[owner[channels]]
+    return Basis(owner.to(device), coef.to(device, torch.float32), small, small)
+
+
+class _Builder:
+    """Builds big tensors (float32, on ``device``) from small ones; free weights are random.
+
+    ``dense``: every value that must not reach the residual stream is computed twice
+    (identical rows: value dims ``j`` and ``j + hb/2`` of a head, extra FFN units ``j`` and
+    ``j + n/2``) and written with opposite columns ``(C, -C)``; ``sparse``: it is written with
+    zero columns."""
+
+    def __init__(self, res: Residual, basis: Basis, dense: bool, device: torch.device, seed: int):
         self.res = res
+        self.basis = basis
+        self.dense = dense
         self.device = device
         self.gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -260,82 +349,129 @@ class _Builder:
     def norm(self, w: torch.Tensor | None, constant_weight: float = 1.0) -> torch.Tensor:
         out = torch.ones(self.res.big, device=self.device)
         if w is not None:
-            out[: self.res.small] = self.small(w) * self.res.norm_scale
-        out[self.res.channel] = constant_weight
+            owned = self.basis.owned
+            out[owned] = self.small(w)[self.basis.owner[owned]] * self.res.norm_scale
+        out[self.basis.constant] = constant_weight
         return out
 
-    def reader(self, rows: int, small_rows: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
-        """A projection reading a normed hidden vector: random, except that the rows in
-        ``small_rows`` read the real channels through ``w`` (zero if None) and ignore the
-        constant channel (their other inputs are always zero)."""
-        out = self.random((rows, self.res.big))
-        out[small_rows, : self.res.small + 1] = 0.0
-        if w is not None:
-            out[small_rows, : self.res.small] = self.small(w)
+    def fill_free(self, out: torch.Tensor) -> torch.Tensor:
+        """Random values in the columns that multiply the sparse layout's zero channels."""
+        free = self.basis.free
+        if len(free):
+            out[:, free] = self.random(tuple(out.shape))[:, free]
+        return out
+
+    def read(self, w: torch.Tensor) -> torch.Tensor:
+        """Rows reading a normed hidden vector through the small weight ``w``: ``w Q^T``."""
+        return self.fill_free(self.basis.embed(self.small(w)))
+
+    def reads_nothing(self, rows: int) -> torch.Tensor:
+        """Random rows that read nothing of any residual."""
+        return self.basis.complement(self.random((rows, self.res.big)))
+
+    def write(self, w: torch.Tensor) -> torch.Tensor:
+        """Columns writing ``s`` times the small update ``w`` into the residual stream."""
+        return self.basis.write(self.small(w)) * self.res.s
+
+    def twins(self, start: int, end: int, groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Indices ``(first, second)`` pairing ``[start, end)`` (split in ``groups`` equal
+        parts, each paired with itself) half against half: ``j`` with ``j + n/2``. Twins sit
+        far apart, so no chunk of a kernel's reduction holds both halves of a pair."""
+        size = (end - start) // groups
+        half = torch.arange(size // 2, device=self.device)
+        first = (start + size * torch.arange(groups, device=self.device)[:, None] + half).flatten()
+        return first, first + size // 2
+
+    def discard(self, cols: int, twins: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """An output projection whose columns write nothing: zero (sparse), or (dense) random
+        in ``twins`` pairs ``(C, -C)`` for inputs computed identically in both, zero in the
+        other columns (which a real block overwrites); the constant channel's row is zero, so
+        no writer ever touches it."""
+        if not self.dense:
+            return torch.zeros(self.res.big, cols, device=self.device)
+        first, second = twins
+        out = torch.zeros(self.res.big, cols, device=self.device)
+        out[:, first] = self.random((self.res.big, len(first)))
+        out[:, second] = -out[:, first]
+        out[self.basis.constant] = 0.0
         return out
 
     def layer(self, small: dict[str, torch.Tensor] | None, s_attn: AttnShape, b_attn: AttnShape,
               intermediate: int) -> dict[str, torch.Tensor]:  # fmt: skip
         """One big decoder layer (names relative to the layer); ``small=None``: an identity."""
-        d, big, hb = self.res.small, self.res.big, b_attn.head_dim
+        big, hb = self.res.big, b_attn.head_dim
         q_rows, kv_rows = b_attn.heads * hb, b_attn.kv_heads * hb
-        if small is None:
-            return {
-                "self_attn.q_proj.weight": self.random((q_rows, big)),
-                "self_attn.k_proj.weight": self.random((kv_rows, big)),
-                "self_attn.v_proj.weight": self.random((kv_rows, big)),
-                "self_attn.o_proj.weight": torch.zeros(big, q_rows, device=self.device),
-                "self_attn.q_norm.weight": torch.ones(hb, device=self.device),
-                "self_attn.k_norm.weight": torch.ones(hb, device=self.device),
-                "mlp.gate_proj.weight": self.random((intermediate, big)),
-                "mlp.up_proj.weight": self.random((intermediate, big)),
-                "mlp.down_proj.weight": torch.zeros(big, intermediate, device=self.device),
-                "input_layernorm.weight": torch.ones(big, device=self.device),
-                "post_attention_layernorm.weight": torch.ones(big, device=self.device),
-            }
-        qmap, kvmap = head_map(s_attn, b_attn)
-        pi = dim_map(s_attn.head_dim, hb)
-        r = hb // s_attn.head_dim
-        # Row index of (big head, big dim) for every (small head, small dim).
-        q_at = (qmap[:, None] * hb + pi[None, :]).flatten().to(self.device)
-        kv_at = (kvmap[:, None] * hb + pi[None, :]).flatten().to(self.device)
-        q_head_rows = (qmap[:, None] * hb + torch.arange(hb)).flatten().to(self.device)
-        kv_head_rows = (kvmap[:, None] * hb + torch.arange(hb)).flatten().to(self.device)
-
-        def qk(rows: int, at: torch.Tensor, head_rows: torch.Tensor, w: torch.Tensor):
-            # Whole mapped heads read nothing real but their own dims: q and k enter the
-            # per-head norm, whose mean square must be the small one's (times 1).
-            out = self.reader(rows, head_rows, None)
-            out[at, :d] = self.small(w) * math.sqrt(r)
-            return out
-
-        def head_norm(w: torch.Tensor, scale: float) -> torch.Tensor:
-            out = torch.ones(hb, device=self.device)
-            out[pi.to(self.device)] = self.small(w) * scale
-            return out
-
-        o = torch.zeros(big, q_rows, device=self.device)
-        o[:d, q_at] = self.small(small["self_attn.o_proj.weight"]) * self.res.s
-        i_small = small["mlp.gate_proj.weight"].shape[0]
-        units = torch.arange(i_small, device=self.device)
-        down = torch.zeros(big, intermediate, device=self.device)
-        down[:d, :i_small] = self.small(small["mlp.down_proj.weight"]) * self.res.s
-        return {
-            "self_attn.q_proj.weight": qk(q_rows, q_at, q_head_rows,
-                                          small["self_attn.q_proj.weight"]),
-            "self_attn.k_proj.weight": qk(kv_rows, kv_at, kv_head_rows,
-                                          small["self_attn.k_proj.weight"]),
-            "self_attn.v_proj.weight": self.reader(kv_rows, kv_at,
-                                                   small["self_attn.v_proj.weight"]),
-            "self_attn.o_proj.weight": o,
-            "self_attn.q_norm.weight": head_norm(small["self_attn.q_norm.weight"], r**-0.5),
-            "self_attn.k_norm.weight": head_norm(small["self_attn.k_norm.weight"], 1.0),
-            "mlp.gate_proj.weight": self.reader(intermediate, units, small["mlp.gate_proj.weight"]),
-            "mlp.up_proj.weight": self.reader(intermediate, units, small["mlp.up_proj.weight"]),
-            "mlp.down_proj.weight": down,
-            "input_layernorm.weight": self.norm(small["input_layernorm.weight"]),
-            "post_attention_layernorm.weight": self.norm(small["post_attention_layernorm.weight"]),
+        units = 0 if small is None else small["mlp.gate_proj.weight"].shape[0]
+        q = self.random((q_rows, big))
+        k = self.random((kv_rows, big))
+        v = self.random((kv_rows, big))
+        gate = self.random((intermediate, big))
+        up = self.random((intermediate, big))
+        value_twins = self.twins(0, q_rows, b_attn.heads)  # dims j, j + hb/2 of every head
+        unit_twins = self.twins(units, intermediate)  # the extra units
+        if self.dense:  # twin rows compute identical values
+            first, second = self.twins(0, kv_rows, b_attn.kv_heads)
+            v[second] = v[first]
+            gate[unit_twins[1]] = gate[unit_twins[0]]
+            up[unit_twins[1]] = up[unit_twins[0]]
+        o = self.discard(q_rows, value_twins)
+        down = self.discard(intermediate, unit_twins)
+        q_norm = torch.ones(hb, device=self.device)
+        k_norm = torch.ones(hb, device=self.device)
+        out = {
+            "self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k,
+            "self_attn.v_proj.weight": v, "self_attn.o_proj.weight": o,
+            "self_attn.q_norm.weight": q_norm, "self_attn.k_norm.weight": k_norm,
+            "mlp.gate_proj.weight": gate, "mlp.up_proj.weight": up, "mlp.down_proj.weight": down,
+            "input_layernorm.weight": self.norm(None),
+            "post_attention_layernorm.weight": self.norm(None),
         }  # fmt: skip
+        if small is None:
+            return out
+        qmap, kvmap = head_map(s_attn, b_attn)
+        pi = dim_map(s_attn.head_dim, hb).to(self.device)
+        r = hb // s_attn.head_dim
+
+        def at(heads: torch.Tensor, offset: int, dims: torch.Tensor = pi) -> torch.Tensor:
+            # Row of (big head, big dim dims + offset) for every (small head, small dim).
+            return (heads.to(self.device)[:, None] * hb + dims[None, :] + offset).flatten()
+
+        def heads_of(heads: torch.Tensor) -> torch.Tensor:
+            return (heads.to(self.device)[:, None] * hb + torch.arange(hb, device=self.device)).flatten()
+
+        w = {name: self.small(t) for name, t in small.items()}
+        if self.dense:
+            # The r dims pi + t of a small q/k dim all hold its value: the per-head mean square
+            # over hb dims is the small one over hs. k keeps only dim pi (k_norm weight 0 on
+            # the copies), so the score sums the small terms, sqrt(r) too small: q_norm * sqrt(r).
+            # V (no RoPE) holds small dim j in dims j + t * hs, each written with 1/r of o_proj.
+            v_dims = torch.arange(s_attn.head_dim, device=self.device)
+            for t in range(r):
+                q[at(qmap, t)] = self.read(w["self_attn.q_proj.weight"])
+                k[at(kvmap, t)] = self.read(w["self_attn.k_proj.weight"])
+                v[at(kvmap, t * s_attn.head_dim, v_dims)] = self.read(w["self_attn.v_proj.weight"])
+                o[:, at(qmap, t * s_attn.head_dim, v_dims)] = (
+                    self.write(w["self_attn.o_proj.weight"]) / r
+                )
+                q_norm[pi + t] = w["self_attn.q_norm.weight"] * math.sqrt(r)
+                k_norm[pi + t] = w["self_attn.k_norm.weight"] if t == 0 else 0.0
+        else:
+            # The other dims of a mapped head are exactly zero in q and k; q and k are scaled
+            # by sqrt(r) so the norms see the small mean square, and q_norm by 1 / sqrt(r).
+            q[heads_of(qmap)] = self.reads_nothing(len(qmap) * hb)
+            k[heads_of(kvmap)] = self.reads_nothing(len(kvmap) * hb)
+            q[at(qmap, 0)] = self.read(w["self_attn.q_proj.weight"]) * math.sqrt(r)
+            k[at(kvmap, 0)] = self.read(w["self_attn.k_proj.weight"]) * math.sqrt(r)
+            v[at(kvmap, 0)] = self.read(w["self_attn.v_proj.weight"])
+            o[:, at(qmap, 0)] = self.write(w["self_attn.o_proj.weight"])
+            q_norm[pi] = w["self_attn.q_norm.weight"] / math.sqrt(r)
+            k_norm[pi] = w["self_attn.k_norm.weight"]
+        gate[:units] = self.read(w["mlp.gate_proj.weight"])
+        up[:units] = self.read(w["mlp.up_proj.weight"])
+        down[:, :units] = self.write(w["mlp.down_proj.weight"])
+        out["input_layernorm.weight"] = self.norm(w["input_layernorm.weight"])
+        out["post_attention_layernorm.weight"] = self.norm(w["post_attention_layernorm.weight"])
+        return out
 
 
 def _layer_state(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -350,6 +486,8 @@ class ScaledPair:
     draft_config: DraftConfig
     scale: Scale
     residual: Residual
+    basis: Basis
+    construction: str
     target_places: list[int]
     drafter_places: list[int]
     lm_head_constant_weight: float
@@ -359,11 +497,14 @@ class ScaledPair:
 
     def facts(self) -> dict:
         """What the manifest records about the construction."""
+        per_channel = torch.bincount(self.basis.owner[self.basis.owned], minlength=self.residual.small)
         return {
             "scale": self.scale.name,
             "source": self.scale.source,
+            "construction": self.construction,
             "residual": {
                 "small_hidden": self.residual.small,
+                "big_channels_per_small_channel": sorted({int(n) for n in per_channel}),
                 "scale_s": self.residual.s,
                 "k": self.residual.k,
                 "constant_channel": self.residual.channel,
@@ -381,14 +522,19 @@ class ScaledPair:
             "seed": self._seed,
         }
 
+    def _builder(self, offset: int) -> _Builder:
+        dense = self.construction == "dense"
+        return _Builder(self.residual, self.basis, dense, self._device, self._seed + offset)
+
     def target_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        b = _Builder(self.residual, self._device, self._seed)
+        b = self._builder(0)
         small = self._pair.target.state_dict()
         s_cfg, b_cfg = self._pair.target.config, self.target_config
-        d, vs = s_cfg.hidden_size, s_cfg.vocab_size
-        embed = torch.zeros(b_cfg.vocab_size, b_cfg.hidden_size, device=self._device)
-        embed[:vs, :d] = b.small(small["model.embed_tokens.weight"]) * self.residual.s
-        embed[:, self.residual.channel] = self.residual.a
+        vs = s_cfg.vocab_size
+        embed = torch.empty(b_cfg.vocab_size, b_cfg.hidden_size, device=self._device)
+        embed[:vs] = self.basis.embed(b.small(small["model.embed_tokens.weight"])) * self.residual.s
+        embed[vs:] = embed[REFERENCE_TOKEN]  # never looked up by the byte-level pair
+        embed[:, self.basis.constant] = self.residual.a
         yield "model.embed_tokens.weight", embed
         del embed
         s_attn, b_attn = _attn(s_cfg), _attn(b_cfg)
@@ -400,25 +546,31 @@ class ScaledPair:
                 yield f"model.layers.{i}.{name}", t
         yield "model.norm.weight", b.norm(small["model.norm.weight"], CONSTANT_NORM_WEIGHT)
         head = small.get("lm_head.weight", small["model.embed_tokens.weight"])
-        out = b.random((b_cfg.vocab_size, b_cfg.hidden_size))
-        out[:, : d + 1] = 0.0
-        out[:vs, :d] = b.small(head)
-        out[vs:, :d] = b.small(head[REFERENCE_TOKEN])
-        out[vs:, self.residual.channel] = self.lm_head_constant_weight
+        out = torch.empty(b_cfg.vocab_size, b_cfg.hidden_size, device=self._device)
+        out[:vs] = b.read(head)
+        # Extra rows: the reference row plus random rows that read nothing, and the margin.
+        out[vs:] = b.reads_nothing(b_cfg.vocab_size - vs)
+        out[vs:] += self.basis.embed(b.small(head[REFERENCE_TOKEN]))
+        out[vs:, self.basis.constant] = self.lm_head_constant_weight
         yield "lm_head.weight", out
 
     def draft_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        b = _Builder(self.residual, self._device, self._seed + 1)
+        b = self._builder(1)
         small = self._pair.drafter.state_dict()
         s_cfg, b_cfg = self._pair.drafter.config, self.draft_config
         d, big = s_cfg.hidden_size, b_cfg.hidden_size
         slots_small, slots_big = len(s_cfg.target_layer_ids), len(b_cfg.target_layer_ids)
-        # fc reads [slot, channel]; inputs are big residuals (s*x, a, 0...), output likewise.
-        fc = b.random((big, slots_big, big))
-        fc[:, :, : d + 1] = 0.0
+        # fc reads [slot, channel]; inputs are big residuals s*Q*f + a*e_c, output likewise:
+        # slot j < slots_small maps them by Q W_j Q^T, the other slots read nothing.
+        fc = torch.empty(big, slots_big, big, device=self._device)
         w = b.small(small["fc.weight"]).view(d, slots_small, d)
-        fc[:d, :slots_small, :d] = w
-        fc[self.residual.channel, 0, self.residual.channel] = 1.0
+        for j in range(slots_big):
+            if j < slots_small:
+                fc[:, j] = b.fill_free(self.basis.write(self.basis.embed(w[:, j])))
+            else:
+                fc[:, j] = b.reads_nothing(big)
+        fc[self.basis.constant] = 0.0
+        fc[self.basis.constant, 0, self.basis.constant] = 1.0
         yield "fc.weight", fc.view(big, slots_big * big)
         del fc
         yield "hidden_norm.weight", b.norm(small["hidden_norm.weight"])
@@ -436,9 +588,15 @@ def _attn(cfg: TargetConfig | DraftConfig) -> AttnShape:
 
 
 def scale_pair(
-    pair: ModelPair, scale: Scale, device: str | torch.device = "cpu", seed: int = 0
+    pair: ModelPair,
+    scale: Scale,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    construction: str = "dense",
 ) -> ScaledPair:
-    """Check that ``pair`` fits ``scale`` and plan the scaled pair (tensors come lazily)."""
+    """Check that ``pair`` fits ``scale`` and plan the scaled pair (tensors come lazily).
+    ``construction``: ``dense`` (the default) or ``sparse`` (the first one, kept to compare
+    costs; docs/scaled-pair.md)."""
     st, sd = pair.target.config, pair.drafter.config
     bt = scale.target
     bd = replace(scale.draft, block_size=sd.block_size, mask_token_id=sd.mask_token_id)
@@ -478,6 +636,7 @@ def scale_pair(
     drafter_places = list(range(sd.num_hidden_layers))
     # Extra logit = reference logit + w_c * (CONSTANT_NORM_WEIGHT * a / (sqrt(k) * rms)).
     w_c = -MARGIN * MARGIN_RMS * math.sqrt(res.k) / (CONSTANT_NORM_WEIGHT * res.a)
-    return ScaledPair(
-        bt, bd, scale, res, target_places, drafter_places, w_c, pair, torch.device(device), seed
-    )
+    device = torch.device(device)
+    basis = residual_basis(st.hidden_size, bt.hidden_size, construction, device, seed)
+    return ScaledPair(bt, bd, scale, res, basis, construction, target_places, drafter_places,
+                      w_c, pair, device, seed)  # fmt: skip

@@ -80,19 +80,71 @@ def test_feature_layers_carry_the_small_features(pairs):
             outs[name] = pair.target(ids, pos, cache, pos, mask, layers)[1]
     d, big_d = small.target.config.hidden_size, big.target.config.hidden_size
     res = residual_layout(d, big_d, 1e-6)
+    basis = scale_pair(small, SCALE, seed=5).basis
     for j in range(len(small.drafter.config.target_layer_ids)):
         slot = outs["big"][0, :, j * big_d : (j + 1) * big_d]
         want = outs["small"][0, :, j * d : (j + 1) * d]
-        # float32 rounding of residuals that reach a few hundred
-        assert (slot[:, :d] / res.s - want).abs().max() < 1e-6 * want.abs().max()
-        assert torch.equal(slot[:, d + 1 :], torch.zeros_like(slot[:, d + 1 :]))
-        assert torch.allclose(slot[:, d], torch.full((n,), res.a))
+        # The slot is s * Q f + a * e_c, up to float32 rounding (1.2e-6 of the largest
+        # feature seen) of residuals that reach a few hundred.
+        image = basis.embed(want) * res.s
+        image[:, basis.constant] = res.a
+        assert (slot - image).abs().max() < 1e-5 * res.s * want.abs().max()
+        assert (basis.project(slot) / res.s - want).abs().max() < 1e-5 * want.abs().max()
+        assert torch.equal(slot[:, d], torch.full((n,), res.a))  # no writer touches it
 
 
-def _run(pair: ModelPair, algo: str, prompts: list[list[int]]):
+def test_matmul_operands_hold_almost_no_exact_zeros(pairs):
+    """Every Linear's weight and input: at most one channel in 256 exactly zero (the constant
+    channel's column or row); the sparse construction's are mostly zeros."""
+    _, big = pairs
+    seen: dict[str, float] = {}
+
+    def hook(name):
+        def record(_module, args):
+            seen[name] = max(seen.get(name, 0.0), float((args[0] == 0).float().mean()))
+        return record
+
+    modules = [*big.target.named_modules(), *(("draft." + n, m) for n, m in big.drafter.named_modules())]
+    linears = [(n, m) for n, m in modules if isinstance(m, torch.nn.Linear)]
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears]
+    try:
+        _run(big, "dflash", [ByteTokenizer().encode(TEXT)], max_new=4)
+        full_forward(big, ByteTokenizer().encode(TEXT))
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(seen) == len(linears)  # every matmul ran
+    assert max(seen.values()) <= 1 / 256, sorted(seen.items(), key=lambda kv: -kv[1])[:3]
+    # fc's last slot reads nothing (the small drafter reads 3 layers): its rows are orthogonal
+    # to Q, exactly zero on a channel that alone carries a small one (257 of 511 at this
+    # reduced width, none at Qwen3-8B's: test_qwen3_8b_plan...).
+    weights = {n: m.weight for n, m in linears}
+    weights["draft.fc"] = weights["draft.fc"][:, : 3 * 512]
+    zeros = {n: float((w == 0).float().mean()) for n, w in weights.items()}
+    assert max(zeros.values()) <= 1 / 256, sorted(zeros.items(), key=lambda kv: -kv[1])[:3]
+    sparse = scale_pair(load_embedded_pair(), SCALE, seed=5, construction="sparse")
+    down = dict(sparse.target_tensors())["model.layers.2.mlp.down_proj.weight"]
+    assert torch.equal(down, torch.zeros_like(down))  # an identity layer's, before
+
+
+def test_the_sparse_construction_keeps_the_function_too():
+    small = load_embedded_pair()
+    scaled = scale_pair(small, SCALE, seed=5, construction="sparse")
+    target = Qwen3Target(scaled.target_config)
+    target.load_state_dict(dict(scaled.target_tensors()), strict=True)
+    ids = ByteTokenizer().encode(TEXT)
+    want = full_forward(small, ids)
+    got = full_forward(ModelPair(target.eval(), small.drafter, "sparse", "-", False), ids)
+    assert (got[:, : small.target.config.vocab_size] - want).abs().max() < 1e-4
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    with pytest.raises(ConfigError, match="construction"):
+        scale_pair(small, SCALE, construction="zeros")
+
+
+def _run(pair: ModelPair, algo: str, prompts: list[list[int]], max_new: int = 24):
     engine = Engine(pair, algo, budget=8 if algo == "ddtree" else None, max_batch=2,
                     context_len=160)  # fmt: skip
-    seqs = generate(engine, prompts, 24)
+    seqs = generate(engine, prompts, max_new)
     return [s.output for s in seqs], [(s.verify_ct, s.accepted_tokens) for s in seqs]
 
 
@@ -121,6 +173,17 @@ def test_qwen3_8b_plan_places_the_trained_layers_under_the_published_feature_lay
     res = scaled.residual
     assert (res.s, res.k) == (4.0, 1.5)
     assert res.a == pytest.approx((4096 * 1e-6 * 0.5) ** 0.5)
+    # Q: every channel but the constant one belongs to one small channel, 10 or 11 each, and
+    # its columns are orthonormal.
+    basis = scaled.basis
+    assert scaled.facts()["residual"]["big_channels_per_small_channel"] == [10, 11]
+    assert (basis.owner < 0).nonzero().flatten().tolist() == [basis.constant] == [384]
+    eye = basis.project(basis.embed(torch.eye(384)))
+    assert (eye - torch.eye(384)).abs().max() < 1e-6
+    # Rows that read nothing are dense too: exactly zero only on the constant channel.
+    rows = basis.complement(torch.randn(8, 4096))
+    assert (rows == 0).nonzero()[:, 1].unique().tolist() == [384]
+    assert (basis.embed(torch.randn(8, 384)) @ rows.T).abs().max() < 1e-4
 
 
 def test_layout_helpers():
