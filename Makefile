@@ -19,10 +19,12 @@ $(VENV)/.installed: pyproject.toml
 
 test: venv
 	$(PY) -m ruff check ddtree_cli tests benchmarks
+	$(PY) -m ruff format --check ddtree_cli tests benchmarks
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv
 	$(PY) -m ruff check ddtree_cli tests benchmarks
+	$(PY) -m ruff format --check ddtree_cli tests benchmarks
 
 fmt: venv
 	$(PY) -m ruff format ddtree_cli tests benchmarks

@@ -39,13 +39,21 @@ from pathlib import Path
 
 SGLANG_VERSION = "0.5.23"
 BENCH_SERVING_DEPS = [
-    "aiohttp", "msgspec", "numpy", "orjson", "requests", "tqdm", "transformers",
-    "pybase64", "pillow", "datasets",
+    "aiohttp",
+    "msgspec",
+    "numpy",
+    "orjson",
+    "requests",
+    "tqdm",
+    "transformers",
+    "pybase64",
+    "pillow",
+    "datasets",
 ]
 WHEEL_CACHE = Path.home() / ".cache" / "ddtree" / "wheels"
 SYS_SHARE: dict[str, list[tuple[float, float]]] = {}  # per client: (user s, sys s) per run
 
-SHIM = r'''
+SHIM = r"""
 import runpy, sys, types
 from pathlib import Path
 root = Path(sys.argv.pop(1)) / "sglang"
@@ -68,9 +76,9 @@ for name, attrs in stubs.items():
     mod.__dict__.update(attrs)
     sys.modules[name] = mod
 runpy.run_module("sglang.benchmark.serving", run_name="__main__")
-'''
+"""
 
-TOKENIZER = r'''
+TOKENIZER = r"""
 import json, sys
 from tokenizers import Tokenizer, models, pre_tokenizers
 vocab = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(1000)}}
@@ -80,13 +88,14 @@ out = sys.argv[1]
 tok.save(f"{out}/tokenizer.json")
 json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]",
            "model_max_length": 4096}, open(f"{out}/tokenizer_config.json", "w"))
-'''
+"""
 
 
 def pinned(core: int):
     def fn() -> None:
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {core})
+
     return fn
 
 
@@ -96,8 +105,13 @@ def run_measured(
     """Run a client; return (cpu seconds, wall seconds, stdout); CPU = user + sys."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=pinned(core), env=env, cwd=cwd,
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=pinned(core),
+        env=env,
+        cwd=cwd,
     )
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -111,7 +125,9 @@ def run_measured(
 def start_emitter(core: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddtree_cli.bench.emitter", "--port", "0"],
-        stdout=subprocess.PIPE, text=True, preexec_fn=pinned(core),
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=pinned(core),
     )
     port = int(proc.stdout.readline())
     return proc, f"http://127.0.0.1:{port}"
@@ -120,14 +136,34 @@ def start_emitter(core: int) -> tuple[subprocess.Popen, str]:
 def ours(url: str, prompts: int, args, workdir: Path, core: int) -> tuple[float, float, int]:
     out_dir = workdir / f"ours-{prompts}"
     cmd = [
-        sys.executable, "-m", "ddtree_cli", "bench", "--url", f"dflash={url}",
-        "--algo", "dflash", "--baseline", "none", "--dataset", "random",
-        "--num-prompts", str(prompts), "--max-new-tokens", str(args.output_len),
-        "--concurrency", str(args.concurrency), "--trials", "1", "--warmup", "1",
-        "--output", str(out_dir), "--json",
+        sys.executable,
+        "-m",
+        "ddtree_cli",
+        "bench",
+        "--url",
+        f"dflash={url}",
+        "--algo",
+        "dflash",
+        "--baseline",
+        "none",
+        "--dataset",
+        "random",
+        "--num-prompts",
+        str(prompts),
+        "--max-new-tokens",
+        str(args.output_len),
+        "--concurrency",
+        str(args.concurrency),
+        "--trials",
+        "1",
+        "--warmup",
+        "1",
+        "--output",
+        str(out_dir),
+        "--json",
     ]
     cpu, wall, out = run_measured(cmd, core)
-    summary = json.loads(out[out.index("{"):])
+    summary = json.loads(out[out.index("{") :])
     tokens = summary["arms"]["dflash"]["completion_tokens"]
     return cpu, wall, tokens
 
@@ -136,15 +172,23 @@ def prepare_bench_serving(venv_dir: Path, workdir: Path) -> tuple[Path, Path, Pa
     python = venv_dir / "bin" / "python"
     if not python.exists():
         venv.create(venv_dir, with_pip=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", *BENCH_SERVING_DEPS], check=True
-        )
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *BENCH_SERVING_DEPS], check=True)
     WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
     wheels = list(WHEEL_CACHE.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
     if not wheels:
         subprocess.run(
-            [str(python), "-m", "pip", "download", "-q", "--no-deps",
-             f"sglang=={SGLANG_VERSION}", "-d", str(WHEEL_CACHE)], check=True,
+            [
+                str(python),
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                f"sglang=={SGLANG_VERSION}",
+                "-d",
+                str(WHEEL_CACHE),
+            ],
+            check=True,
         )
         wheels = list(WHEEL_CACHE.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
     site = workdir / "sglang-src"
@@ -162,14 +206,32 @@ def bench_serving(url, prompts, args, workdir, core, python, site, tokenizer):
     # bench_serving writes its result file (sglang_<date>_<n>_...jsonl) into the current
     # folder: run it in the work folder, with absolute paths, so nothing lands in the caller's.
     cmd = [
-        os.path.abspath(python), os.path.abspath(workdir / "bench_serving_shim.py"),
+        os.path.abspath(python),
+        os.path.abspath(workdir / "bench_serving_shim.py"),
         os.path.abspath(site),
-        "--backend", "sglang", "--base-url", url, "--model", "emitter",
-        "--tokenizer", os.path.abspath(tokenizer), "--dataset-name", "random-ids",
-        "--random-input-len", "32", "--random-output-len", str(args.output_len),
-        "--random-range-ratio", "1.0", "--num-prompts", str(prompts),
-        "--max-concurrency", str(args.concurrency), "--disable-ignore-eos",
-        "--ready-check-timeout-sec", "0",
+        "--backend",
+        "sglang",
+        "--base-url",
+        url,
+        "--model",
+        "emitter",
+        "--tokenizer",
+        os.path.abspath(tokenizer),
+        "--dataset-name",
+        "random-ids",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        str(args.output_len),
+        "--random-range-ratio",
+        "1.0",
+        "--num-prompts",
+        str(prompts),
+        "--max-concurrency",
+        str(args.concurrency),
+        "--disable-ignore-eos",
+        "--ready-check-timeout-sec",
+        "0",
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     cpu, wall, out = run_measured(cmd, core, env, cwd=workdir)
@@ -200,10 +262,12 @@ def main() -> None:
         if not args.skip_sglang:
             venv_dir = args.venv_dir or workdir / "venv"
             python, site, tok = prepare_bench_serving(venv_dir, workdir)
-            clients.append((
-                f"sglang {SGLANG_VERSION} bench_serving",
-                lambda n: bench_serving(url, n, args, workdir, client_core, python, site, tok),
-            ))
+            clients.append(
+                (
+                    f"sglang {SGLANG_VERSION} bench_serving",
+                    lambda n: bench_serving(url, n, args, workdir, client_core, python, site, tok),
+                )
+            )
         for name, run in clients:
             measured = {n: run(n) for n in (small, large)}
             (c1, _, t1), (c2, _, t2) = measured[small], measured[large]
@@ -214,22 +278,28 @@ def main() -> None:
         emitter.wait()
         shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"\n{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, Python {platform.python_version()}; output {args.output_len} "
-          f"tokens/request, one token per chunk, concurrency {args.concurrency}\n")
+    print(
+        f"\n{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}; output {args.output_len} "
+        f"tokens/request, one token per chunk, concurrency {args.concurrency}\n"
+    )
     print("| client | prompts | streamed tokens | client CPU s | wall s |")
     print("|---|---|---|---|---|")
     for name, measured, _ in rows:
         for n, (cpu, wall, tokens) in measured.items():
             print(f"| {name} | {n} | {tokens:,} | {cpu:.2f} | {wall:.2f} |")
-    print("\n| client | marginal CPU per streamed token | of which kernel (sys) | "
-          "streamed tokens/s per core |")
+    print(
+        "\n| client | marginal CPU per streamed token | of which kernel (sys) | "
+        "streamed tokens/s per core |"
+    )
     print("|---|---|---|---|")
     for (name, measured, per_token), runs in zip(rows, SYS_SHARE.values(), strict=True):
         (_, _, t1), (_, _, t2) = measured[small], measured[large]
         sys_per_token = (runs[1][1] - runs[0][1]) / (t2 - t1)
-        print(f"| {name} | {per_token * 1e6:.2f} µs | {sys_per_token * 1e6:.2f} µs | "
-              f"{1 / per_token:,.0f} |")
+        print(
+            f"| {name} | {per_token * 1e6:.2f} µs | {sys_per_token * 1e6:.2f} µs | "
+            f"{1 / per_token:,.0f} |"
+        )
     if len(rows) == 2:
         print(f"\nbench_serving / ddtree bench CPU per token: {rows[1][2] / rows[0][2]:.2f}x")
 

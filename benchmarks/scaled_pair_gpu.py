@@ -304,7 +304,9 @@ def cmd_cost(args) -> dict:
             del graphs
             torch.cuda.empty_cache()
     for n in args.constructions:
-        report[f"max_ratio_deviation_{n}"] = max(abs(c[f"ratio_{n}"] - 1.0) for c in report["cells"])
+        report[f"max_ratio_deviation_{n}"] = max(
+            abs(c[f"ratio_{n}"] - 1.0) for c in report["cells"]
+        )
     return report
 
 

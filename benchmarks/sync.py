@@ -91,20 +91,34 @@ def timed_ddtree(host, port: int, known: Path, key: Path, source: Path, base: st
         releases = Releases(conn, base)
         result = sync(conn, releases, source, manifest)
         releases.switch(result.release, 5)
-    return {"seconds": time.perf_counter() - t0, "files": result.uploaded_files,
-            "payload_bytes": result.uploaded_bytes}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "files": result.uploaded_files,
+        "payload_bytes": result.uploaded_bytes,
+    }
 
 
 def timed_rsync(port: int, key: Path, source: Path, dest: str) -> dict:
-    ssh = (f"ssh -p {port} -i {key} -o StrictHostKeyChecking=no "
-           "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
+    ssh = (
+        f"ssh -p {port} -i {key} -o StrictHostKeyChecking=no "
+        "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+    )
     t0 = time.perf_counter()
-    proc = subprocess.run(["rsync", "-a", "--stats", "-e", ssh, f"{source}/",
-                           f"root@127.0.0.1:{dest}/"], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        ["rsync", "-a", "--stats", "-e", ssh, f"{source}/", f"root@127.0.0.1:{dest}/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     seconds = time.perf_counter() - t0
-    files = next((int(line.split(":")[1].split()[0].replace(",", ""))
-                  for line in proc.stdout.splitlines()
-                  if line.startswith("Number of regular files transferred")), -1)
+    files = next(
+        (
+            int(line.split(":")[1].split()[0].replace(",", ""))
+            for line in proc.stdout.splitlines()
+            if line.startswith("Number of regular files transferred")
+        ),
+        -1,
+    )
     return {"seconds": seconds, "files": files}
 
 
@@ -141,11 +155,18 @@ def main() -> int:
             for kind in ("first", "nochange"):
                 for tool in order:
                     if tool == "rsync":
-                        run = timed_rsync(host.ssh_port, host.client_key, source,
-                                          "/opt/bench/rsync")
+                        run = timed_rsync(
+                            host.ssh_port, host.client_key, source, "/opt/bench/rsync"
+                        )
                     else:
-                        run = timed_ddtree(host, host.ssh_port, direct, host.client_key, source,
-                                           "/opt/bench/ddtree")
+                        run = timed_ddtree(
+                            host,
+                            host.ssh_port,
+                            direct,
+                            host.client_key,
+                            source,
+                            "/opt/bench/ddtree",
+                        )
                     run["wire_bytes"] = wire[f"{tool}_{kind}"]
                     runs[f"{tool}_{kind}"].append(run)
         summary = {}
@@ -159,14 +180,21 @@ def main() -> int:
         first_bytes = summary["ddtree_first"]["wire_bytes_median"]
         result = {
             "snapshot": {"name": WHEEL, "files": files, "bytes": size},
-            "machine": {"cpu": platform.processor() or platform.machine(),
-                        "cores": os.cpu_count(), "python": platform.python_version()},
+            "machine": {
+                "cpu": platform.processor() or platform.machine(),
+                "cores": os.cpu_count(),
+                "python": platform.python_version(),
+            },
             "repeats": args.repeats,
             "runs": summary,
-            "first_deploy_ratio_vs_rsync": round(summary["ddtree_first"]["seconds_median"]
-                                                 / summary["rsync_first"]["seconds_median"], 2),
-            "nochange_bytes_fraction": round(summary["ddtree_nochange"]["wire_bytes_median"]
-                                             / first_bytes, 5),
+            "first_deploy_ratio_vs_rsync": round(
+                summary["ddtree_first"]["seconds_median"]
+                / summary["rsync_first"]["seconds_median"],
+                2,
+            ),
+            "nochange_bytes_fraction": round(
+                summary["ddtree_nochange"]["wire_bytes_median"] / first_bytes, 5
+            ),
         }
     finally:
         host.stop()
@@ -174,14 +202,17 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"snapshot: {WHEEL}, {files} files, {size / 1e6:.1f} MB; {args.repeats} repeats "
-          f"(median)")
+    print(f"snapshot: {WHEEL}, {files} files, {size / 1e6:.1f} MB; {args.repeats} repeats (median)")
     print(f"{'run':<18}{'seconds':>10}{'wire MB':>10}{'files sent':>12}")
     for name, row in summary.items():
-        print(f"{name:<18}{row['seconds_median']:>10.2f}{row['wire_bytes_median'] / 1e6:>10.2f}"
-              f"{row['files_sent']:>12}")
-    print(f"first deploy / rsync: {result['first_deploy_ratio_vs_rsync']:.2f}x; no-change "
-          f"re-deploy bytes: {result['nochange_bytes_fraction'] * 100:.2f}% of a first deploy")
+        print(
+            f"{name:<18}{row['seconds_median']:>10.2f}{row['wire_bytes_median'] / 1e6:>10.2f}"
+            f"{row['files_sent']:>12}"
+        )
+    print(
+        f"first deploy / rsync: {result['first_deploy_ratio_vs_rsync']:.2f}x; no-change "
+        f"re-deploy bytes: {result['nochange_bytes_fraction'] * 100:.2f}% of a first deploy"
+    )
     return 0
 
 

@@ -42,8 +42,17 @@ from pathlib import Path
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("DDTREE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "libstdc++6", "libgomp1", "rsync",
-            "sudo")
+PACKAGES = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "libstdc++6",
+    "libgomp1",
+    "rsync",
+    "sudo",
+)
 ROOTFS_VERSION = "3"  # bump when PACKAGES or the image setup changes
 
 
@@ -58,7 +67,9 @@ def unavailable_reason() -> str | None:
         return "test hosts need root (debootstrap, mount, systemd-nspawn)"
     for tool in ("debootstrap", "systemd-nspawn", "ssh", "ssh-keygen"):
         if shutil.which(tool) is None:
-            return f"{tool} not found (apt-get install debootstrap systemd-container openssh-client)"
+            return (
+                f"{tool} not found (apt-get install debootstrap systemd-container openssh-client)"
+            )
     return None
 
 
@@ -81,8 +92,12 @@ def ensure_rootfs() -> Path:
             return rootfs
         building = base / f".building-{uuid.uuid4().hex[:8]}"
         cmd = [
-            "debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
-            SUITE, str(building), MIRROR,
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            SUITE,
+            str(building),
+            MIRROR,
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -134,31 +149,53 @@ class TestHost:
         pub = (self.root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
         return f"[127.0.0.1]:{self.ssh_port} {pub[0]} {pub[1]}\n"
 
-    def ssh(self, argv: Sequence[str] | str, *, check: bool = True, timeout: float = 60,
-            input: bytes | None = None) -> subprocess.CompletedProcess:
+    def ssh(
+        self,
+        argv: Sequence[str] | str,
+        *,
+        check: bool = True,
+        timeout: float = 60,
+        input: bytes | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run a command on the host with the OpenSSH client (independent of ddtree's layer)."""
         import shlex
 
         command = argv if isinstance(argv, str) else shlex.join(argv)
         cmd = [
-            "ssh", "-p", str(self.ssh_port), "-i", str(self.client_key),
-            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-            "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "root@127.0.0.1", command,
+            "ssh",
+            "-p",
+            str(self.ssh_port),
+            "-i",
+            str(self.client_key),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "BatchMode=yes",
+            "root@127.0.0.1",
+            command,
         ]
         proc = subprocess.run(cmd, capture_output=True, timeout=timeout, input=input)
         if check and proc.returncode != 0:
-            raise RuntimeError(f"{command!r} on {self.name} failed ({proc.returncode}): "
-                               f"{proc.stderr.decode(errors='replace')[-2000:]}")
+            raise RuntimeError(
+                f"{command!r} on {self.name} failed ({proc.returncode}): "
+                f"{proc.stderr.decode(errors='replace')[-2000:]}"
+            )
         return proc
 
     def add_sudo_user(self, name: str = "deployer") -> str:
         """A non-root login with passwordless sudo and the same client key; returns its target."""
-        script = (f"id {name} >/dev/null 2>&1 || useradd -m -s /bin/sh {name}; "
-                  f"install -d -m 700 -o {name} -g {name} /home/{name}/.ssh; "
-                  f"install -m 600 -o {name} -g {name} /root/.ssh/authorized_keys "
-                  f"/home/{name}/.ssh/authorized_keys; "
-                  f"echo '{name} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{name}; "
-                  f"chmod 440 /etc/sudoers.d/{name}")
+        script = (
+            f"id {name} >/dev/null 2>&1 || useradd -m -s /bin/sh {name}; "
+            f"install -d -m 700 -o {name} -g {name} /home/{name}/.ssh; "
+            f"install -m 600 -o {name} -g {name} /root/.ssh/authorized_keys "
+            f"/home/{name}/.ssh/authorized_keys; "
+            f"echo '{name} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{name}; "
+            f"chmod 440 /etc/sudoers.d/{name}"
+        )
         self.ssh(["sh", "-c", script])
         return f"{name}@127.0.0.1:{self.ssh_port}"
 
@@ -209,8 +246,9 @@ def _make_host_keys(root: Path) -> None:
     subprocess.run(["ssh-keygen", "-A", "-f", str(root)], check=True, capture_output=True)
 
 
-def start_host(workdir: Path, *, binds_ro: Sequence[tuple[Path | str, str]] = (),
-               boot_timeout: float = 90) -> TestHost:
+def start_host(
+    workdir: Path, *, binds_ro: Sequence[tuple[Path | str, str]] = (), boot_timeout: float = 90
+) -> TestHost:
     """Boot a fresh host whose state lives under ``workdir``; returns once sshd answers."""
     reason = unavailable_reason()
     if reason:
@@ -235,30 +273,59 @@ def start_host(workdir: Path, *, binds_ro: Sequence[tuple[Path | str, str]] = ()
     )
     client_key = workdir / "id_ed25519"
     if not client_key.exists():
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(client_key)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(client_key)],
+            check=True,
+            capture_output=True,
+        )
     ssh_dir = root / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (ssh_dir / "authorized_keys").write_text((workdir / "id_ed25519.pub").read_text())
     os.chmod(ssh_dir / "authorized_keys", 0o600)
 
     binds = [(Path(src), dst) for src, dst in binds_ro]
-    cmd = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(root), "-b",
-           "-M", name, "--console=pipe"]
+    cmd = [
+        "systemd-nspawn",
+        "--register=no",
+        "--keep-unit",
+        "--quiet",
+        "-D",
+        str(root),
+        "-b",
+        "-M",
+        name,
+        "--console=pipe",
+    ]
     for src, dst in binds:
         cmd.append(f"--bind-ro={src}:{dst}")
     log_path = workdir / "console.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    host = TestHost(name=name, ssh_port=port, root=root, client_key=client_key, workdir=workdir,
-                    process=process, mounted=mounted, log_path=log_path, binds_ro=binds)
+        process = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    host = TestHost(
+        name=name,
+        ssh_port=port,
+        root=root,
+        client_key=client_key,
+        workdir=workdir,
+        process=process,
+        mounted=mounted,
+        log_path=log_path,
+        binds_ro=binds,
+    )
     deadline = time.monotonic() + boot_timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             host.stop()
-            raise RuntimeError(f"systemd-nspawn exited ({process.returncode}): "
-                               f"{log_path.read_text(errors='replace')[-2000:]}")
+            raise RuntimeError(
+                f"systemd-nspawn exited ({process.returncode}): "
+                f"{log_path.read_text(errors='replace')[-2000:]}"
+            )
         try:
             proc = host.ssh(["systemctl", "is-system-running", "--wait"], check=False, timeout=60)
         except subprocess.TimeoutExpired:
@@ -275,8 +342,9 @@ def _mount_overlay(image: Path, workdir: Path, root: Path) -> bool:
     upper.mkdir(exist_ok=True)
     work.mkdir(exist_ok=True)
     opts = f"lowerdir={image},upperdir={upper},workdir={work}"
-    proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(root)],
-                          capture_output=True)
+    proc = subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", opts, str(root)], capture_output=True
+    )
     return proc.returncode == 0
 
 
@@ -288,8 +356,12 @@ def host_python_binds(python: str | Path) -> tuple[str, list[tuple[Path, str]]]:
     ``bin/python`` is a symlink into that prefix).
     """
     venv = Path(python).parent.parent
-    base = subprocess.run([str(python), "-c", "import sys; print(sys.base_prefix)"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    base = subprocess.run(
+        [str(python), "-c", "import sys; print(sys.base_prefix)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     binds: list[tuple[Path, str]] = [(venv.resolve(), "/opt/ddtree/venv")]
     if not base.startswith("/usr"):
         binds.append((Path(base), base))

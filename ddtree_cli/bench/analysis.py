@@ -67,7 +67,8 @@ def arm_metrics(passes: list[PassResult]) -> ArmMetrics:
     with_spec = [r for r in ok if r.get("spec_verify_ct")]
     pooled_accept = (
         sum(r["completion_tokens"] for r in with_spec) / sum(r["spec_verify_ct"] for r in with_spec)
-        if with_spec else None
+        if with_spec
+        else None
     )
     rel_mad = relative_mad(tok_s)
     ci = bootstrap_mean_ci(tok_s)
@@ -100,15 +101,22 @@ def compare(
     by_trial_a = {p.trial: p.throughput() for p in passes_a}
     by_trial_b = {p.trial: p.throughput() for p in passes_b}
     trials = sorted(
-        t for t in by_trial_a.keys() & by_trial_b.keys()
+        t
+        for t in by_trial_a.keys() & by_trial_b.keys()
         if all(math.isfinite(d[t]["output_tok_s"]) for d in (by_trial_a, by_trial_b))
     )
     for metric in ("output_tok_s", "request_s"):
         a = [by_trial_a[t][metric] for t in trials]
         b = [by_trial_b[t][metric] for t in trials]
         out[metric] = _ratio_entry(
-            a, b, paired_by="trial", higher_is_better=True, name_a=name_a, seed=seed,
-            better=f"{name_a} faster", worse=f"{name_a} slower",
+            a,
+            b,
+            paired_by="trial",
+            higher_is_better=True,
+            name_a=name_a,
+            seed=seed,
+            better=f"{name_a} faster",
+            worse=f"{name_a} slower",
         )
     recs_a = _ok(r for p in passes_a for r in p.records)
     recs_b = _ok(r for p in passes_b for r in p.records)
@@ -118,7 +126,12 @@ def compare(
         a = [a_by[p] for p in prompts]
         b = [b_by[p] for p in prompts]
         entry = _ratio_entry(
-            a, b, paired_by="prompt", higher_is_better=higher, name_a=name_a, seed=seed,
+            a,
+            b,
+            paired_by="prompt",
+            higher_is_better=higher,
+            name_a=name_a,
+            seed=seed,
             better=f"{name_a} {'higher' if higher else 'lower'} (better)",
             worse=f"{name_a} {'lower' if higher else 'higher'} (worse)",
         )
@@ -145,8 +158,15 @@ def _per_prompt(records: list[dict[str, Any]], metric: str) -> dict[str, float]:
 
 
 def _ratio_entry(
-    a: list[float], b: list[float], *, paired_by: str, higher_is_better: bool, name_a: str,
-    seed: int, better: str, worse: str,
+    a: list[float],
+    b: list[float],
+    *,
+    paired_by: str,
+    higher_is_better: bool,
+    name_a: str,
+    seed: int,
+    better: str,
+    worse: str,
 ) -> Effect:
     if not a or not b:
         return Effect(ratio=None, ci95=None, n=0, paired_by=paired_by, verdict="not measured")

@@ -218,8 +218,12 @@ class _Conn(asyncio.Protocol):
             # Fast path, SGLang's usual shape: one whole chunk holding exactly one
             # `data: ...\n\n` event, nothing pending: hand the payload over with one copy.
             if (
-                stop + 2 <= end and not pieces and not self._sse and self._sse_mode
-                and buf.startswith(b"data: ", pos) and buf.find(b"\n", pos, stop) == stop - 2
+                stop + 2 <= end
+                and not pieces
+                and not self._sse
+                and self._sse_mode
+                and buf.startswith(b"data: ", pos)
+                and buf.find(b"\n", pos, stop) == stop - 2
                 and buf[stop - 1] == 10
             ):
                 self._sink.payload(buf[pos + 6 : stop - 2], now)  # type: ignore[union-attr]
@@ -310,7 +314,10 @@ class Endpoint:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await loop.create_connection(
-                _Conn, self.host, self.port, ssl=self._ssl,
+                _Conn,
+                self.host,
+                self.port,
+                ssl=self._ssl,
                 server_hostname=self.host if self._ssl else None,
             )
         except OSError as exc:
@@ -338,13 +345,20 @@ class Endpoint:
     def _request(self, method: str, path: str, body: bytes | None, accept: bytes) -> bytes:
         head = (
             f"{method} {self.base}{path} HTTP/1.1\r\n".encode()
-            + b"Host: " + self._host_header + b"\r\nAccept: " + accept + b"\r\n"
+            + b"Host: "
+            + self._host_header
+            + b"\r\nAccept: "
+            + accept
+            + b"\r\n"
         )
         if body is None:
             return head + b"\r\n"
         return (
-            head + b"Content-Type: application/json\r\nContent-Length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body
+            head
+            + b"Content-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
         )
 
     async def get_json(self, path: str, timeout: float = 10.0) -> tuple[int, Any]:
@@ -380,7 +394,9 @@ class Endpoint:
         """POST /generate with ``stream: true``; never raises for server or network errors."""
         result = StreamResult()
         request = self._request(
-            "POST", "/generate", json.dumps({**body, "stream": True}).encode(),
+            "POST",
+            "/generate",
+            json.dumps({**body, "stream": True}).encode(),
             b"text/event-stream",
         )
         sink = _Sink(result, incremental)

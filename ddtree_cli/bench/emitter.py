@@ -182,7 +182,8 @@ def _json(writer: asyncio.StreamWriter, status: int, obj: object) -> None:
     reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}.get(status, b"")
     writer.write(
         b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        % (status, reason, len(body)) + body
+        % (status, reason, len(body))
+        + body
     )
 
 
@@ -196,8 +197,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     config = EmitterConfig(
-        tokens_per_chunk=args.tokens_per_chunk, chunk_interval=args.chunk_interval,
-        algorithm=args.algorithm or None, seed=args.seed,
+        tokens_per_chunk=args.tokens_per_chunk,
+        chunk_interval=args.chunk_interval,
+        algorithm=args.algorithm or None,
+        seed=args.seed,
     )
 
     async def serve() -> None:

@@ -14,8 +14,18 @@ from typing import Any
 # Differ between any two server starts, say nothing about the configuration.
 VOLATILE_KEYS = frozenset(
     {
-        "host", "port", "startup_time", "internal_states", "pid", "status", "load",
-        "nccl_port", "dist_init_addr", "metrics_http_port", "uptime_s", "url",
+        "host",
+        "port",
+        "startup_time",
+        "internal_states",
+        "pid",
+        "status",
+        "load",
+        "nccl_port",
+        "dist_init_addr",
+        "metrics_http_port",
+        "uptime_s",
+        "url",
     }
 )
 # What legitimately differs between the arms of an algorithm A/B: the algorithm, and DDTREE's

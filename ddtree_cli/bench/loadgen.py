@@ -98,8 +98,13 @@ async def run_pass(
                 bodies[i], timeout=spec.timeout, incremental=spec.incremental
             )
         rec = request_record(
-            res, arm=spec.arm, concurrency=spec.concurrency, trial=spec.trial,
-            prompt_id=prompts[i].id, index=i, pass_start=t0,
+            res,
+            arm=spec.arm,
+            concurrency=spec.concurrency,
+            trial=spec.trial,
+            prompt_id=prompts[i].id,
+            index=i,
+            pass_start=t0,
         )
         result.records.append(rec)
         if on_record is not None:
@@ -154,7 +159,9 @@ def _measured_wall(records: list[dict[str, Any]], t0: float) -> float:
 
 
 def _should_stop(
-    result: PassResult, total: int, max_error_rate: float,
+    result: PassResult,
+    total: int,
+    max_error_rate: float,
     alive: Callable[[float], str | None] | None,
 ) -> str | None:
     if alive is not None:

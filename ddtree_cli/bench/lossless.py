@@ -31,8 +31,12 @@ class Mismatch:
 
     def to_json(self) -> dict:
         return {
-            "prompt_id": self.prompt_id, "concurrency": self.concurrency, "trial": self.trial,
-            "position": self.position, "tokens": self.tokens, "lengths": self.lengths,
+            "prompt_id": self.prompt_id,
+            "concurrency": self.concurrency,
+            "trial": self.trial,
+            "position": self.position,
+            "tokens": self.tokens,
+            "lengths": self.lengths,
         }
 
     @classmethod
@@ -128,7 +132,9 @@ class LosslessResult:
         if data.get("skipped"):
             return cls((), strict=False, compared=data["compared"], skipped=data["skipped"])
         return cls(
-            tuple(data["arms"]), data["strict"], data["compared"],
+            tuple(data["arms"]),
+            data["strict"],
+            data["compared"],
             [Mismatch.from_json(m) for m in data["mismatches"]],
             ReferenceDivergence.from_json(data["reference"]),
         )
@@ -163,7 +169,10 @@ def compare_arms(
         conc, trial, pid = key
         out.mismatches.append(
             Mismatch(
-                pid, conc, trial, pos,
+                pid,
+                conc,
+                trial,
+                pos,
                 {arm_a: _at(a[key], pos), arm_b: _at(b[key], pos)},
                 {arm_a: len(a[key]), arm_b: len(b[key])},
             )

@@ -13,8 +13,14 @@ from ddtree_cli.bench.client import StreamResult
 
 
 def request_record(
-    result: StreamResult, *, arm: str, concurrency: int, trial: int, prompt_id: str,
-    index: int, pass_start: float,
+    result: StreamResult,
+    *,
+    arm: str,
+    concurrency: int,
+    trial: int,
+    prompt_id: str,
+    index: int,
+    pass_start: float,
 ) -> dict[str, Any]:
     """One JSONL line: identifiers, timings in ms, token counts, acceptance, output ids."""
     rec: dict[str, Any] = {
@@ -40,7 +46,8 @@ def request_record(
         ttft_ms=round(ttft, 4) if ttft is not None else None,
         # Time per output token after the first, over the streamed span.
         tpot_ms=round(decode_ms / (completion - counts[0]), 4)
-        if counts and completion > counts[0] and len(times) > 1 else None,
+        if counts and completion > counts[0] and len(times) > 1
+        else None,
         itl_ms=[round((b - a) * 1000.0, 4) for a, b in zip(times, times[1:], strict=False)],
         chunk_tokens=[b - a for a, b in zip([0, *counts], counts, strict=False)],
         completion_tokens=completion,

@@ -77,7 +77,7 @@ def _verdicts(out: list[str], summary: Summary) -> None:
         out.append("## Verdict\n")
         out.append(
             f"Ratios are {summary.algo} / {summary.baseline}. A ratio whose 95% interval "
-            f"contains 1 is reported as \"{NO_CLEAR_DIFFERENCE}\".\n"
+            f'contains 1 is reported as "{NO_CLEAR_DIFFERENCE}".\n'
         )
         out.extend(rows)
         out.append("")
@@ -130,7 +130,8 @@ def _lossless(out: list[str], summary: Summary) -> None:
         out.append(f"Skipped: {check.skipped}.\n")
         return
     mode = (
-        "exact equality demanded (embedded engine, float32)" if check.strict
+        "exact equality demanded (embedded engine, float32)"
+        if check.strict
         else "informational between arms (GPU kernels may flip greedy near-ties; see "
         "docs/bench.md); the reference check below decides"
     )
@@ -140,7 +141,9 @@ def _lossless(out: list[str], summary: Summary) -> None:
         f"Result: **{'pass' if check.ok else 'FAIL'}**.\n"
     )
     if n_mis:
-        out.append("| prompt | concurrency | trial | first differing token | tokens there | lengths |")
+        out.append(
+            "| prompt | concurrency | trial | first differing token | tokens there | lengths |"
+        )
         out.append("|---|---|---|---|---|---|")
         for m in check.mismatches[:50]:
             out.append(
@@ -164,8 +167,11 @@ def _lossless(out: list[str], summary: Summary) -> None:
             out.append(
                 f"McNemar exact p = {ref.p_value:.4g} on the prompts where only one arm "
                 "diverged. "
-                + (f"**Arm '{flagged[0]}' diverges clearly more often: a bug, not noise.**"
-                   if flagged else "Neither arm diverges clearly more often than the other.")
+                + (
+                    f"**Arm '{flagged[0]}' diverges clearly more often: a bug, not noise.**"
+                    if flagged
+                    else "Neither arm diverges clearly more often than the other."
+                )
                 + "\n"
             )
 

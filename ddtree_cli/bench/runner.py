@@ -178,9 +178,7 @@ def prepare(opts: BenchOptions) -> tuple[list[str], list[Prompt]]:
             f"{max(opts.concurrency)} (= {need}): the run would never reach a steady state",
             hint=f"use --num-prompts {need} or more",
         )
-    prompts = load_workload(
-        opts.dataset, n, seed=opts.seed, random_input_len=opts.random_input_len
-    )
+    prompts = load_workload(opts.dataset, n, seed=opts.seed, random_input_len=opts.random_input_len)
     return arms, prompts
 
 
@@ -194,8 +192,12 @@ def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutc
         from ddtree_cli.bench.switching import ServiceSwitcher
 
         switcher = ServiceSwitcher(
-            opts.config, opts.host, identity=opts.identity, known_hosts=opts.known_hosts,
-            accept_new_host_key=opts.accept_new_host_key, service_port=opts.service_port,
+            opts.config,
+            opts.host,
+            identity=opts.identity,
+            known_hosts=opts.known_hosts,
+            accept_new_host_key=opts.accept_new_host_key,
+            service_port=opts.service_port,
         )
         switcher.check_arms(arms)
     state.switcher = switcher
@@ -205,9 +207,7 @@ def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutc
         # With a switcher, URLs come from the deploys, arm by arm, inside the run.
         if switcher is None and opts.embedded:
             reporter.phase(f"starting ddtree serve for {', '.join(arms)}")
-            servers = [
-                ServeProcess(arm, arm, log_dir, _serve_args(opts)) for arm in arms
-            ]
+            servers = [ServeProcess(arm, arm, log_dir, _serve_args(opts)) for arm in arms]
             for s in servers:
                 s.start()
             wait_all_ready(servers, opts.server_timeout)
@@ -266,8 +266,9 @@ def _serve_args(opts: BenchOptions) -> list[str]:
     return args
 
 
-async def _activate(state: RunState, arm: str, endpoints: dict[str, Endpoint],
-                    reporter: Reporter) -> None:
+async def _activate(
+    state: RunState, arm: str, endpoints: dict[str, Endpoint], reporter: Reporter
+) -> None:
     """With --host: make ``arm`` the running service (a restart) unless it already is."""
     switcher = state.switcher
     if switcher is None or switcher.active == arm:
@@ -304,9 +305,15 @@ async def _main(state: RunState, servers: list[ServeProcess], reporter: Reporter
             for arm in order:
                 await _activate(state, arm, endpoints, reporter)
                 spec = PassSpec(
-                    arm=arm, concurrency=concurrency, trial=trial, sampling=sampling,
-                    request_rate=opts.request_rate, warmup=opts.warmup, timeout=opts.timeout,
-                    max_error_rate=opts.max_error_rate, seed=opts.seed + trial,
+                    arm=arm,
+                    concurrency=concurrency,
+                    trial=trial,
+                    sampling=sampling,
+                    request_rate=opts.request_rate,
+                    warmup=opts.warmup,
+                    timeout=opts.timeout,
+                    max_error_rate=opts.max_error_rate,
+                    seed=opts.seed + trial,
                     incremental=bool(state.server_info[arm].get("incremental_streaming_output")),
                 )
                 await _one_pass(state, endpoints[arm], spec, alive.get(arm), reporter)
@@ -315,7 +322,10 @@ async def _main(state: RunState, servers: list[ServeProcess], reporter: Reporter
 
 
 async def _one_pass(
-    state: RunState, ep: Endpoint, spec: PassSpec, server: ServeProcess | None,
+    state: RunState,
+    ep: Endpoint,
+    spec: PassSpec,
+    server: ServeProcess | None,
     reporter: Reporter,
 ) -> None:
     reporter.pass_started(spec.arm, spec.concurrency, spec.trial, len(state.prompts))
@@ -335,9 +345,7 @@ async def _one_pass(
     result = PassResult(spec.arm, spec.concurrency, spec.trial)
     state.passes.append(result)
     try:
-        await run_pass(
-            ep, state.prompts, spec, on_record=on_record, alive=alive, result=result
-        )
+        await run_pass(ep, state.prompts, spec, on_record=on_record, alive=alive, result=result)
     finally:
         load = await monitor.stop()
         state.client_load.append(ClientPass(spec.arm, spec.concurrency, spec.trial, load))
@@ -388,7 +396,8 @@ async def _ready_info(arm: str, ep: Endpoint, timeout: float) -> dict[str, Any]:
                 f"{waited:.0f} s: {last}",
                 hint=f"if it is still starting, wait longer with --server-timeout (now "
                 f"{timeout:g} s); otherwise check the server's log"
-                if there else "check the URL and that the server is running",
+                if there
+                else "check the URL and that the server is running",
             )
         await asyncio.sleep(0.5)
     for path in ("/server_info", "/get_server_info"):
@@ -452,13 +461,19 @@ async def _reference_pass(
         state.warnings.append("--reference needs temperature 0; the reference check is skipped")
         return
     spec = PassSpec(
-        arm="reference", concurrency=max(state.opts.concurrency), trial=0, sampling=sampling,
-        warmup=0, timeout=state.opts.timeout, max_error_rate=state.opts.max_error_rate,
+        arm="reference",
+        concurrency=max(state.opts.concurrency),
+        trial=0,
+        sampling=sampling,
+        warmup=0,
+        timeout=state.opts.timeout,
+        max_error_rate=state.opts.max_error_rate,
     )
     reporter.phase("collecting the reference outputs")
     result = await run_pass(ep, state.prompts, spec, on_record=lambda r: _write_record(state, r))
     state.reference_outputs = {
-        r["prompt_id"]: r["output_ids"] for r in result.records
+        r["prompt_id"]: r["output_ids"]
+        for r in result.records
         if r["ok"] and r.get("output_ids") is not None
     }
     if result.stopped:
@@ -471,9 +486,7 @@ def _create_run_dir(state: RunState) -> None:
         "bench-%Y%m%d-%H%M%S"
     )
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(
-            f"{run_dir} exists and is not empty", hint="choose a new --output folder"
-        )
+        raise ConfigError(f"{run_dir} exists and is not empty", hint="choose a new --output folder")
     run_dir.mkdir(parents=True, exist_ok=True)
     state.run_dir = run_dir
     state._jsonl = open(run_dir / "requests.jsonl", "w", encoding="utf-8")  # noqa: SIM115
@@ -582,7 +595,8 @@ def build_summary(state: RunState) -> Summary:
 
 def _model_warnings(state: RunState) -> list[str]:
     random_arms = [
-        arm for arm in state.arms
+        arm
+        for arm in state.arms
         if ((state.server_info.get(arm) or {}).get("model") or {}).get("random_init")
     ]
     if not random_arms:

@@ -37,8 +37,18 @@ class ServeProcess:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "ddtree_cli", "serve", "--algo", self.algo,
-            "--host", "127.0.0.1", "--port", "0", "--json", *self.extra_args,
+            sys.executable,
+            "-m",
+            "ddtree_cli",
+            "serve",
+            "--algo",
+            self.algo,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--json",
+            *self.extra_args,
         ]
 
     def start(self) -> None:

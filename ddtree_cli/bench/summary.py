@@ -253,8 +253,12 @@ class ClientPass:
     def from_json(cls, data: dict[str, Any]) -> ClientPass:
         lag = data["loop_lag_ms"]
         load = ClientLoad(
-            cpu_fraction=data["cpu_fraction"], lag_p50_ms=lag["p50"], lag_p99_ms=lag["p99"],
-            lag_max_ms=lag["max"], wall_s=data["wall_s"], warning=data["warning"],
+            cpu_fraction=data["cpu_fraction"],
+            lag_p50_ms=lag["p50"],
+            lag_p99_ms=lag["p99"],
+            lag_max_ms=lag["max"],
+            wall_s=data["wall_s"],
+            warning=data["warning"],
         )
         return cls(data["arm"], data["concurrency"], data["trial"], load)
 

@@ -38,8 +38,7 @@ class ServiceSwitcher:
         bad = [a for a in arms if a not in self.algos]
         if bad:
             raise ConfigError(
-                f"--host switches the service between {', '.join(self.algos)}; "
-                f"not {', '.join(bad)}"
+                f"--host switches the service between {', '.join(self.algos)}; not {', '.join(bad)}"
             )
 
     def switch(self, arm: str) -> str:
@@ -49,19 +48,25 @@ class ServiceSwitcher:
         from ddtree_cli import deploy as dp
 
         opts = dp.DeployOptions(
-            algo=arm, identity=self.identity, known_hosts=self.known_hosts,
-            accept_new_host_key=self.accept_new_host_key, service_port=self.service_port,
+            algo=arm,
+            identity=self.identity,
+            known_hosts=self.known_hosts,
+            accept_new_host_key=self.accept_new_host_key,
+            service_port=self.service_port,
         )
         (report,) = dp.deploy(self._cfg, [self._host], opts)
         self.switches.append(
-            {"arm": arm, "status": report.status, "release": report.release,
-             "seconds": report.seconds}
+            {
+                "arm": arm,
+                "status": report.status,
+                "release": report.release,
+                "seconds": report.seconds,
+            }
         )
         if not report.ok or not report.url:
             self.active = None
             raise DdtreeError(
-                f"switching {self._host.label} to {arm} failed ({report.status}): "
-                f"{report.message}",
+                f"switching {self._host.label} to {arm} failed ({report.status}): {report.message}",
                 hint="run `ddtree deploy --status` / `ddtree doctor` on the host",
             )
         self.active, self.url = arm, report.url

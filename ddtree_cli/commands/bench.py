@@ -72,16 +72,21 @@ def _print_summary(summary: Summary) -> None:
     for point in summary.sweep:
         table = Table(
             title=f"concurrency {point.concurrency}  (TTFT/TPOT: p50 ms)",
-            title_justify="left", box=box.SIMPLE_HEAD,
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
         )
         for col in ("arm", "tok/s", "95% CI", "req/s", "accept", "TTFT", "TPOT", "errors"):
             table.add_column(col, justify="right" if col != "arm" else "left", no_wrap=True)
         for arm, m in point.arms.items():
             ci = m.output_tok_s_ci95
             table.add_row(
-                arm, _f(m.output_tok_s, 1), f"{_f(ci[0], 0)}–{_f(ci[1], 0)}" if ci else "—",
-                _f(m.request_s, 3), _f(m.accept_length, 2),
-                _f(m.ttft_ms.p50, 1), _f(m.tpot_ms.p50, 2),
+                arm,
+                _f(m.output_tok_s, 1),
+                f"{_f(ci[0], 0)}–{_f(ci[1], 0)}" if ci else "—",
+                _f(m.request_s, 3),
+                _f(m.accept_length, 2),
+                _f(m.ttft_ms.p50, 1),
+                _f(m.tpot_ms.p50, 2),
                 f"{m.errors}/{m.requests}",
             )
         console.print(table)
@@ -98,8 +103,7 @@ def _print_summary(summary: Summary) -> None:
     if check.compared:
         state = "[green]pass[/]" if check.ok else "[red]FAIL[/]"
         console.print(
-            f"lossless: {check.compared} outputs compared, "
-            f"{len(check.mismatches)} differ → {state}"
+            f"lossless: {check.compared} outputs compared, {len(check.mismatches)} differ → {state}"
         )
     console.print(f"results: {summary.run_dir}/report.md")
 
@@ -172,9 +176,10 @@ def bench(
     host: Annotated[
         str | None,
         typer.Option(
-            "--host", "-H",
+            "--host",
+            "-H",
             help="[USER@]HOST[:PORT] whose service (--config) is switched between the arms "
-            "through the deploy module: the A/B on identical hardware."
+            "through the deploy module: the A/B on identical hardware.",
         ),
     ] = None,
     config: Annotated[
@@ -195,24 +200,49 @@ def bench(
     from ddtree_cli.bench.runner import BenchOptions, run_bench
 
     opts = BenchOptions(
-        algo=algo, baseline=baseline, urls=_parse_urls(url or [], algo), reference=reference,
-        dataset=dataset, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
-        temperature=temperature, concurrency=_parse_concurrency(concurrency),
-        request_rate=request_rate, trials=trials, warmup=warmup, seed=seed, timeout=timeout,
-        max_error_rate=max_error_rate, output=output, allow_mismatch=allow_mismatch,
-        random_input_len=random_input_len, model=model, budget=budget, block_size=block_size,
-        server_timeout=server_timeout, host=host, config=config, identity=identity,
-        known_hosts=known_hosts, accept_new_host_key=accept_new_host_key, service_port=port,
+        algo=algo,
+        baseline=baseline,
+        urls=_parse_urls(url or [], algo),
+        reference=reference,
+        dataset=dataset,
+        num_prompts=num_prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        concurrency=_parse_concurrency(concurrency),
+        request_rate=request_rate,
+        trials=trials,
+        warmup=warmup,
+        seed=seed,
+        timeout=timeout,
+        max_error_rate=max_error_rate,
+        output=output,
+        allow_mismatch=allow_mismatch,
+        random_input_len=random_input_len,
+        model=model,
+        budget=budget,
+        block_size=block_size,
+        server_timeout=server_timeout,
+        host=host,
+        config=config,
+        identity=identity,
+        known_hosts=known_hosts,
+        accept_new_host_key=accept_new_host_key,
+        service_port=port,
     )
     if opts.embedded:
         require(ENGINE, "the embedded bench (no --url, no --host)")
     show = not json_out and err_console.is_terminal
     progress = (
         Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=err_console, transient=True,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
         )
-        if show else None
+        if show
+        else None
     )
     if progress is not None:
         with progress:

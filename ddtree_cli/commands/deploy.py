@@ -43,26 +43,37 @@ def _style(state: str) -> str:
 
 
 def deploy_command(
-    config: Annotated[Path, typer.Option(
-        "--config", "-c", help="Deployment YAML (see configs/).")],
+    config: Annotated[Path, typer.Option("--config", "-c", help="Deployment YAML (see configs/).")],
     host: HostsOpt = None,
     inventory: InventoryOpt = None,
     group: GroupOpt = None,
     identity: IdentityOpt = None,
-    algo: Annotated[str | None, typer.Option(
-        help="dflash or ddtree (default: launch.algo). Only the algorithm flags differ.")] = None,
-    remote_python: Annotated[str | None, typer.Option(
-        help="The host's Python with torch and sglang (default: remote.python).")] = None,
-    port: Annotated[int | None, typer.Option(
-        help="Service port on every host (default: server.port or the inventory's).")] = None,
+    algo: Annotated[
+        str | None,
+        typer.Option(
+            help="dflash or ddtree (default: launch.algo). Only the algorithm flags differ."
+        ),
+    ] = None,
+    remote_python: Annotated[
+        str | None,
+        typer.Option(help="The host's Python with torch and sglang (default: remote.python)."),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(help="Service port on every host (default: server.port or the inventory's)."),
+    ] = None,
     accept_new_host_key: AcceptNewHostKeyOpt = False,
     known_hosts: KnownHostsOpt = None,
     ssh_config: SshConfigOpt = None,
-    force: Annotated[bool, typer.Option("--force", help="Deploy even when preflight checks fail.")] = False,
-    rollback: Annotated[bool, typer.Option(
-        "--rollback", help="Switch back to the previous release and restart.")] = False,
-    status: Annotated[bool, typer.Option(
-        "--status", help="Show the running release and health; change nothing.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Deploy even when preflight checks fail.")
+    ] = False,
+    rollback: Annotated[
+        bool, typer.Option("--rollback", help="Switch back to the previous release and restart.")
+    ] = False,
+    status: Annotated[
+        bool, typer.Option("--status", help="Show the running release and health; change nothing.")
+    ] = False,
     dry_run: DryRunOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -83,9 +94,16 @@ def deploy_command(
         raise UsageError("--group needs --inventory")
     if not hosts:
         raise UsageError("no hosts: pass --host or --inventory")
-    opts = dp.DeployOptions(algo=algo, remote_python=remote_python, identity=identity,
-                            accept_new_host_key=accept_new_host_key, known_hosts=known_hosts,
-                            ssh_config=ssh_config, service_port=port, force=force)
+    opts = dp.DeployOptions(
+        algo=algo,
+        remote_python=remote_python,
+        identity=identity,
+        accept_new_host_key=accept_new_host_key,
+        known_hosts=known_hosts,
+        ssh_config=ssh_config,
+        service_port=port,
+        force=force,
+    )
 
     action = "status" if status else "rollback" if rollback else "dry-run" if dry_run else "deploy"
     rows: dict[str, tuple[str, str]] = {h.label: ("queued", "") for h in hosts}
@@ -137,34 +155,48 @@ def deploy_command(
 
     ok = all(r.ok for r in reports)
     if json_out:
-        emit_json({"ok": ok, "action": action, "config": str(cfg.path), "unit": cfg.unit_name,
-                   "hosts": [r.to_json() for r in reports]})
+        emit_json(
+            {
+                "ok": ok,
+                "action": action,
+                "config": str(cfg.path),
+                "unit": cfg.unit_name,
+                "hosts": [r.to_json() for r in reports],
+            }
+        )
     else:
         _print_reports(reports, action)
     if not ok:
         failed = [r for r in reports if not r.ok]
         first = failed[0]
-        raise DdtreeError(f"{len(failed)} of {len(reports)} host(s) failed; {first.host}: "
-                          f"{first.status}: {first.message or 'see above'}",
-                          exit_code=ExitCode.REMOTE if first.status is HostStatus.UNREACHABLE
-                          else ExitCode.FAILURE)
+        raise DdtreeError(
+            f"{len(failed)} of {len(reports)} host(s) failed; {first.host}: "
+            f"{first.status}: {first.message or 'see above'}",
+            exit_code=ExitCode.REMOTE
+            if first.status is HostStatus.UNREACHABLE
+            else ExitCode.FAILURE,
+        )
 
 
 def _print_reports(reports, action: str) -> None:
     for r in reports:
-        if r.preflight and (action == "dry-run" or r.status is HostStatus.PREFLIGHT_FAILED
-                            or any(p.failed for p in r.preflight)):
+        if r.preflight and (
+            action == "dry-run"
+            or r.status is HostStatus.PREFLIGHT_FAILED
+            or any(p.failed for p in r.preflight)
+        ):
             t = Table(title=f"preflight · {escape(r.host)}", title_justify="left")
             for col in ("check", "status", "detail", "fix"):
                 t.add_column(col, overflow="fold")
             for p in r.preflight:
-                t.add_row(p.id, STATUS_STYLE[p.status.value], escape(p.detail),
-                          escape(p.fix))
+                t.add_row(p.id, STATUS_STYLE[p.status.value], escape(p.detail), escape(p.fix))
             console.print(t)
         if r.file_diff is not None:
             d = r.file_diff
-            console.print(f"[bold]{escape(r.host)}[/]: files +{len(d['added'])} "
-                          f"~{len(d['changed'])} -{len(d['removed'])}")
+            console.print(
+                f"[bold]{escape(r.host)}[/]: files +{len(d['added'])} "
+                f"~{len(d['changed'])} -{len(d['removed'])}"
+            )
             for sign, key in (("+", "added"), ("~", "changed"), ("-", "removed")):
                 for path in d[key][:50]:
                     console.print(f"  {sign} {escape(path)}")
@@ -181,10 +213,19 @@ def _print_reports(reports, action: str) -> None:
         t.add_column(col, overflow="fold")
     for r in reports:
         style = _style(r.status)
-        uploaded = f"{r.uploaded_files} files, {r.uploaded_bytes / 1e6:.1f} MB" \
-            if action == "deploy" and r.status is not HostStatus.UNREACHABLE else ""
-        t.add_row(escape(r.host), f"[{style}]{r.status}[/]", r.release or "-", r.url or "-",
-                  uploaded, escape(r.message))
+        uploaded = (
+            f"{r.uploaded_files} files, {r.uploaded_bytes / 1e6:.1f} MB"
+            if action == "deploy" and r.status is not HostStatus.UNREACHABLE
+            else ""
+        )
+        t.add_row(
+            escape(r.host),
+            f"[{style}]{r.status}[/]",
+            r.release or "-",
+            r.url or "-",
+            uploaded,
+            escape(r.message),
+        )
     console.print(t)
 
 

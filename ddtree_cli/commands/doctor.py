@@ -49,9 +49,7 @@ def _targets(hosts: list[str], inventory: Path | None, group: str | None) -> dic
     return targets
 
 
-def _collector(
-    targets, options: DoctorOptions, identity, accept_new, known_hosts, ssh_config
-):
+def _collector(targets, options: DoctorOptions, identity, accept_new, known_hosts, ssh_config):
     def collect(label: str) -> dict:
         from ddtree_cli.remote.ssh import connect
 

@@ -49,8 +49,9 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         if key in result:
-            raise ConfigError(f"{node.start_mark.name}:{key_node.start_mark.line + 1}: "
-                              f"duplicate key {key!r}")
+            raise ConfigError(
+                f"{node.start_mark.name}:{key_node.start_mark.line + 1}: duplicate key {key!r}"
+            )
         result[key] = loader.construct_object(value_node, deep=True)
         result.key_lines[key] = key_node.start_mark.line + 1
     return result
@@ -83,8 +84,9 @@ def load_yaml(path: Path) -> Any:
         started = ""
         if exc.context_mark is not None and exc.context_mark.line + 1 != line:
             started = f" ({exc.context} at line {exc.context_mark.line + 1})"
-        raise ConfigError(f"{path}:{line}: invalid YAML: {exc.problem or exc.context}{started}") \
-            from exc
+        raise ConfigError(
+            f"{path}:{line}: invalid YAML: {exc.problem or exc.context}{started}"
+        ) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
 
@@ -107,39 +109,50 @@ class _Reader:
             data = _Map()
             data.line, data.key_lines = 1, {}
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}:{getattr(data, 'line', 1)}: {where or 'the file'} must be "
-                              f"a mapping")
+            raise ConfigError(
+                f"{path}:{getattr(data, 'line', 1)}: {where or 'the file'} must be a mapping"
+            )
         self.data = data
         self.used: set[str] = set()
 
     def error(self, key: str | None, message: str) -> ConfigError:
-        line = self.data.line_of(key) if key and isinstance(self.data, _Map) else \
-            getattr(self.data, "line", 1)
+        line = (
+            self.data.line_of(key)
+            if key and isinstance(self.data, _Map)
+            else getattr(self.data, "line", 1)
+        )
         return ConfigError(f"{self.path}:{line}: {message}")
 
     def name(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
 
-    def get(self, key: str, types: type | tuple[type, ...], default: Any = None,
-            required: bool = False) -> Any:
+    def get(
+        self, key: str, types: type | tuple[type, ...], default: Any = None, required: bool = False
+    ) -> Any:
         self.used.add(key)
         if key not in self.data or self.data[key] is None:
             if required:
                 raise self.error(None, f"{self.name(key)} is required")
             return default
         value = self.data[key]
-        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        if isinstance(value, bool) and bool not in (
+            types if isinstance(types, tuple) else (types,)
+        ):
             raise self.error(key, f"{self.name(key)} must be {_type_name(types)}, not a boolean")
         if not isinstance(value, types):
-            raise self.error(key, f"{self.name(key)} must be {_type_name(types)}, "
-                                  f"got {type(value).__name__} {value!r}")
+            raise self.error(
+                key,
+                f"{self.name(key)} must be {_type_name(types)}, "
+                f"got {type(value).__name__} {value!r}",
+            )
         return value
 
     def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
         value = self.get(key, str, default)
         if value not in choices:
-            raise self.error(key, f"{self.name(key)} must be one of {', '.join(choices)}, "
-                                  f"got {value!r}")
+            raise self.error(
+                key, f"{self.name(key)} must be one of {', '.join(choices)}, got {value!r}"
+            )
         return value
 
     def str_list(self, key: str) -> list[str]:
@@ -154,8 +167,9 @@ class _Reader:
         value = self.get(key, dict, {})
         for k, v in value.items():
             if not isinstance(k, str) or isinstance(v, (dict, list)):
-                raise ConfigError(f"{self.path}:{value.line_of(k)}: {self.name(key)}.{k} must be "
-                                  f"a string value")
+                raise ConfigError(
+                    f"{self.path}:{value.line_of(k)}: {self.name(key)}.{k} must be a string value"
+                )
         return {k: "" if v is None else str(v) for k, v in value.items()}
 
     def sub(self, key: str) -> _Reader:
@@ -174,8 +188,14 @@ class _Reader:
 
 
 def _type_name(types) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
-             list: "a list", dict: "a mapping"}
+    names = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        list: "a list",
+        dict: "a mapping",
+    }
     types = types if isinstance(types, tuple) else (types,)
     return " or ".join(names.get(t, t.__name__) for t in types)
 
@@ -251,8 +271,10 @@ def load_deploy_config(path: str | Path) -> DeployConfig:
     root = _Reader(path, load_yaml(path), "")
     name = root.get("name", str, required=True)
     if not _unit_safe(name):
-        raise root.error("name", f"name {name!r} must be a valid systemd unit name "
-                                 "(letters, digits, '-', '_', '.')")
+        raise root.error(
+            "name",
+            f"name {name!r} must be a valid systemd unit name (letters, digits, '-', '_', '.')",
+        )
 
     src = root.sub("source")
     source = (path.parent / src.get("path", str, ".")).resolve()
@@ -267,8 +289,10 @@ def load_deploy_config(path: str | Path) -> DeployConfig:
     python = remote.get("python", str, required=True)
     keep = remote.get("keep_releases", int, 5)
     if keep < 2:
-        raise remote.error("keep_releases", "remote.keep_releases must be at least 2 "
-                                            "(the running release and one to roll back to)")
+        raise remote.error(
+            "keep_releases",
+            "remote.keep_releases must be at least 2 (the running release and one to roll back to)",
+        )
     user = remote.get("user", str, None)
     remote.finish()
 
@@ -278,8 +302,9 @@ def load_deploy_config(path: str | Path) -> DeployConfig:
     gpus = server.str_list("gpus")
     for gpu in gpus:
         if not gpu.startswith(("GPU-", "MIG-")):
-            raise server.error("gpus", f"server.gpus must list GPU UUIDs (GPU-...), got {gpu!r}; "
-                                       "see nvidia-smi -L")
+            raise server.error(
+                "gpus", f"server.gpus must list GPU UUIDs (GPU-...), got {gpu!r}; see nvidia-smi -L"
+            )
     env = server.str_map("env")
     secret_env = server.str_list("secret_env")
     timeout_start = server.get("timeout_start_s", int, 1800)
@@ -290,8 +315,10 @@ def load_deploy_config(path: str | Path) -> DeployConfig:
     canary_prompt = canary.get("prompt", str, "The capital of France is")
     canary_tokens = canary.get("max_new_tokens", int, 32)
     if canary_tokens < 16:
-        raise canary.error("max_new_tokens", "canary.max_new_tokens must be at least 16, so "
-                                             "that a speculative round is exercised")
+        raise canary.error(
+            "max_new_tokens",
+            "canary.max_new_tokens must be at least 16, so that a speculative round is exercised",
+        )
     canary.finish()
 
     launch = _load_launch(root.sub("launch"))
@@ -302,16 +329,33 @@ def load_deploy_config(path: str | Path) -> DeployConfig:
     pre.finish()
 
     router = _load_router(root.sub("router")) if root.get("router", dict, None) else None
-    multinode = _load_multinode(root.sub("multinode")) if root.get("multinode", dict, None) \
-        else None
+    multinode = (
+        _load_multinode(root.sub("multinode")) if root.get("multinode", dict, None) else None
+    )
     root.finish()
     return DeployConfig(
-        path=path, name=name, source=source, include=include, exclude=exclude,
-        remote_dir=remote_dir.rstrip("/"), python=python, keep_releases=keep,
-        service_host=service_host, service_port=service_port, gpus=gpus, env=env,
-        secret_env=secret_env, user=user, timeout_start_s=timeout_start,
-        ready_timeout_s=ready_timeout, canary_prompt=canary_prompt, canary_tokens=canary_tokens,
-        speculative=speculative, preflight_gpu=preflight_gpu, launch=launch, router=router,
+        path=path,
+        name=name,
+        source=source,
+        include=include,
+        exclude=exclude,
+        remote_dir=remote_dir.rstrip("/"),
+        python=python,
+        keep_releases=keep,
+        service_host=service_host,
+        service_port=service_port,
+        gpus=gpus,
+        env=env,
+        secret_env=secret_env,
+        user=user,
+        timeout_start_s=timeout_start,
+        ready_timeout_s=ready_timeout,
+        canary_prompt=canary_prompt,
+        canary_tokens=canary_tokens,
+        speculative=speculative,
+        preflight_gpu=preflight_gpu,
+        launch=launch,
+        router=router,
         multinode=multinode,
     )
 
@@ -320,7 +364,8 @@ def _load_launch(r: _Reader) -> LaunchConfig:
     kind = r.choice("kind", LAUNCH_KINDS, "sglang")
     algo = r.choice("algo", ALGOS, "ddtree")
     launch = LaunchConfig(
-        kind=kind, algo=algo,
+        kind=kind,
+        algo=algo,
         model_path=r.get("model_path", str, None),
         draft_model_path=r.get("draft_model_path", str, None),
         num_draft_tokens=r.get("num_draft_tokens", int, 16),
@@ -329,23 +374,31 @@ def _load_launch(r: _Reader) -> LaunchConfig:
         command=r.str_list("command"),
     )
     if kind == "sglang" and not (launch.model_path and launch.draft_model_path):
-        raise r.error(None, "launch.model_path and launch.draft_model_path are required for "
-                            "kind: sglang")
+        raise r.error(
+            None, "launch.model_path and launch.draft_model_path are required for kind: sglang"
+        )
     if kind == "command" and not launch.command:
         raise r.error(None, "launch.command (a list) is required for kind: command")
     if kind != "command" and launch.command:
         raise r.error("command", "launch.command is only used with kind: command")
     for flag in ("--speculative-algorithm", "--port", "--host"):
         if flag in launch.args:
-            raise r.error("args", f"launch.args must not set {flag}: it is derived from --algo "
-                                  "and server.host/port so both arms stay identical")
+            raise r.error(
+                "args",
+                f"launch.args must not set {flag}: it is derived from --algo "
+                "and server.host/port so both arms stay identical",
+            )
     r.finish()
     return launch
 
 
 def _load_router(r: _Reader) -> RouterConfig:
-    cfg = RouterConfig(host=r.get("host", str, required=True), port=r.port("port", 30080),
-                       policy=r.get("policy", str, "cache_aware"), command=r.str_list("command"))
+    cfg = RouterConfig(
+        host=r.get("host", str, required=True),
+        port=r.port("port", 30080),
+        policy=r.get("policy", str, "cache_aware"),
+        command=r.str_list("command"),
+    )
     r.finish()
     return cfg
 
@@ -396,19 +449,29 @@ def load_inventory(path: str | Path) -> Inventory:
         entry = hosts_node[name]
         if isinstance(entry, str) or entry is None:
             spec = HostSpec.parse(entry or name)
-            hosts[name] = HostSpec(host=spec.host, user=spec.user or d_user,
-                                   port=spec.port or d_port, identity=d_identity, name=name)
+            hosts[name] = HostSpec(
+                host=spec.host,
+                user=spec.user or d_user,
+                port=spec.port or d_port,
+                identity=d_identity,
+                name=name,
+            )
             continue
         r = _Reader(path, entry, f"hosts.{name}")
         address = r.get("address", str, name)
         gpus = tuple(r.str_list("gpus"))
         for gpu in gpus:
             if not gpu.startswith(("GPU-", "MIG-")):
-                raise r.error("gpus", f"hosts.{name}.gpus must list GPU UUIDs (GPU-...), got "
-                                      f"{gpu!r}")
+                raise r.error(
+                    "gpus", f"hosts.{name}.gpus must list GPU UUIDs (GPU-...), got {gpu!r}"
+                )
         hosts[name] = HostSpec(
-            host=address, user=r.get("user", str, d_user), port=r.port("port", d_port),
-            identity=r.get("identity", str, d_identity), name=name, gpus=gpus,
+            host=address,
+            user=r.get("user", str, d_user),
+            port=r.port("port", d_port),
+            identity=r.get("identity", str, d_identity),
+            name=name,
+            gpus=gpus,
             service_port=r.port("service_port", None),
         )
         r.finish()
@@ -416,12 +479,16 @@ def load_inventory(path: str | Path) -> Inventory:
     groups_node = root.get("groups", dict, {})
     for group, members in groups_node.items():
         if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
-            raise ConfigError(f"{path}:{groups_node.line_of(group)}: groups.{group} must be a "
-                              f"list of host names")
+            raise ConfigError(
+                f"{path}:{groups_node.line_of(group)}: groups.{group} must be a list of host names"
+            )
         for i, member in enumerate(members):
             if member not in hosts:
-                line = members.item_lines[i] if isinstance(members, _List) else \
-                    groups_node.line_of(group)
+                line = (
+                    members.item_lines[i]
+                    if isinstance(members, _List)
+                    else groups_node.line_of(group)
+                )
                 raise ConfigError(f"{path}:{line}: groups.{group}: unknown host {member!r}")
         groups[group] = list(members)
     root.finish()

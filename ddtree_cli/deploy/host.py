@@ -59,15 +59,27 @@ def service_url(cfg: DeployConfig, host: HostSpec, conn: Connection | None) -> s
 
 
 def connect_to(host: HostSpec, opts: DeployOptions) -> Connection:
-    return connect(host, identity=opts.identity, accept_new_host_key=opts.accept_new_host_key,
-                   known_hosts=opts.known_hosts, ssh_config=opts.ssh_config)
+    return connect(
+        host,
+        identity=opts.identity,
+        accept_new_host_key=opts.accept_new_host_key,
+        known_hosts=opts.known_hosts,
+        ssh_config=opts.ssh_config,
+    )
 
 
 class HostDeployment:
     """The steps of one host's deploy; the caller runs them in order (or in phases)."""
 
-    def __init__(self, cfg: DeployConfig, host: HostSpec, opts: DeployOptions,
-                 manifest: Manifest, on_event: EventFn, node: units.NodeRole | None = None):
+    def __init__(
+        self,
+        cfg: DeployConfig,
+        host: HostSpec,
+        opts: DeployOptions,
+        manifest: Manifest,
+        on_event: EventFn,
+        node: units.NodeRole | None = None,
+    ):
         self.cfg = cfg
         self.host = with_port(host, opts)
         self.opts = opts
@@ -78,8 +90,9 @@ class HostDeployment:
         self.unit_text = units.render_unit(cfg, self.host, self.algo, self.python, node)
         unit_hash = hashlib.sha256(self.unit_text.encode()).hexdigest()
         self.rid = release_id({**manifest, ".ddtree/unit.service": [unit_hash, 0, 0]})
-        self.report = HostReport(host=self.host.label, unit=cfg.unit_name,
-                                 status=HostStatus.PENDING, release=self.rid)
+        self.report = HostReport(
+            host=self.host.label, unit=cfg.unit_name, status=HostStatus.PENDING, release=self.rid
+        )
         self.emit = lambda phase, detail="": on_event(self.host.label, phase, detail)
         self.conn: Connection | None = None
         self.releases: Releases | None = None
@@ -111,8 +124,10 @@ class HostDeployment:
         self.report.preflight = rows
         failed = [r for r in rows if r.failed]
         if failed and not self.opts.force:
-            self.fail(HostStatus.PREFLIGHT_FAILED, "preflight failed: " + "; ".join(
-                f"{r.id}: {r.detail}" for r in failed[:3]))
+            self.fail(
+                HostStatus.PREFLIGHT_FAILED,
+                "preflight failed: " + "; ".join(f"{r.id}: {r.detail}" for r in failed[:3]),
+            )
             return False
         return True
 
@@ -120,25 +135,42 @@ class HostDeployment:
         self.emit("comparing")
         current = self.releases.manifest("current")
         diff = diff_manifests(current, self.manifest)
-        self.report.file_diff = {"added": diff.added, "changed": diff.changed,
-                                 "removed": diff.removed}
+        self.report.file_diff = {
+            "added": diff.added,
+            "changed": diff.changed,
+            "removed": diff.removed,
+        }
         installed = systemd.read_root_file(self.conn, self.unit_path) or ""
-        self.report.unit_diff = "".join(difflib.unified_diff(
-            installed.splitlines(keepends=True), self.unit_text.splitlines(keepends=True),
-            fromfile=f"{self.unit_path} (installed)", tofile=f"{self.unit_path} (new)"))
+        self.report.unit_diff = "".join(
+            difflib.unified_diff(
+                installed.splitlines(keepends=True),
+                self.unit_text.splitlines(keepends=True),
+                fromfile=f"{self.unit_path} (installed)",
+                tofile=f"{self.unit_path} (new)",
+            )
+        )
         self.report.status = HostStatus.DRY_RUN
-        self.report.message = (f"{len(diff.added)} added, {len(diff.changed)} changed, "
-                               f"{len(diff.removed)} removed; unit "
-                               f"{'changes' if self.report.unit_diff else 'unchanged'}")
+        self.report.message = (
+            f"{len(diff.added)} added, {len(diff.changed)} changed, "
+            f"{len(diff.removed)} removed; unit "
+            f"{'changes' if self.report.unit_diff else 'unchanged'}"
+        )
 
     def sync(self) -> None:
         self.emit("syncing")
         st = self.releases.state()
-        self.report.previous = st["current"] if st["current"] != self.rid else \
-            self.releases.previous()
-        result = sync(self.conn, self.releases, self.cfg.source, self.manifest, rid=self.rid,
-                      metadata={"unit.service": self.unit_text},
-                      progress=lambda msg: self.emit("syncing", msg))
+        self.report.previous = (
+            st["current"] if st["current"] != self.rid else self.releases.previous()
+        )
+        result = sync(
+            self.conn,
+            self.releases,
+            self.cfg.source,
+            self.manifest,
+            rid=self.rid,
+            metadata={"unit.service": self.unit_text},
+            progress=lambda msg: self.emit("syncing", msg),
+        )
         self.report.uploaded_files = result.uploaded_files
         self.report.uploaded_bytes = result.uploaded_bytes
         self.report.linked_files = result.linked_files
@@ -173,15 +205,21 @@ class HostDeployment:
 
     def verify(self, status: HostStatus) -> None:
         self.emit("waiting for /health")
-        readiness.wait_ready(self.conn, self.cfg, self.host, self.cfg.unit_name,
-                             started_at=getattr(self, "_since", None),
-                             note=lambda msg: self.emit("starting", msg))
+        readiness.wait_ready(
+            self.conn,
+            self.cfg,
+            self.host,
+            self.cfg.unit_name,
+            started_at=getattr(self, "_since", None),
+            note=lambda msg: self.emit("starting", msg),
+        )
         self.report.status = status
         self.emit(status)
 
     def roll_back_after_failure(self, reason: str) -> None:
-        self.report.journal = systemd.journal_tail(self.conn, self.cfg.unit_name, 20,
-                                                   since=getattr(self, "_since", None))
+        self.report.journal = systemd.journal_tail(
+            self.conn, self.cfg.unit_name, 20, since=getattr(self, "_since", None)
+        )
         previous = self.report.previous
         if not previous:
             systemd.systemctl(self.conn, "stop", self.cfg.unit_name, check=False)
@@ -192,11 +230,13 @@ class HostDeployment:
         self.emit("rolling back", previous)
         self.activate_release(previous)
         try:
-            readiness.wait_ready(self.conn, self.cfg, self.host, self.cfg.unit_name,
-                                 started_at=self._since)
+            readiness.wait_ready(
+                self.conn, self.cfg, self.host, self.cfg.unit_name, started_at=self._since
+            )
         except readiness.NotReady as again:
-            self.fail(HostStatus.FAILED,
-                      f"{reason}; rollback to {previous} did not serve either: {again}")
+            self.fail(
+                HostStatus.FAILED, f"{reason}; rollback to {previous} did not serve either: {again}"
+            )
             return
         self.releases.call("discard", self.rid)
         self.report.status = HostStatus.ROLLED_BACK
@@ -206,7 +246,8 @@ class HostDeployment:
     def activate_release(self, rid: str) -> None:
         """Switch to an existing release and run it with the unit it was deployed with."""
         unit = systemd.read_root_file(
-            self.conn, f"{self.cfg.remote_dir}/releases/{rid}/.ddtree/unit.service")
+            self.conn, f"{self.cfg.remote_dir}/releases/{rid}/.ddtree/unit.service"
+        )
         if unit is not None and unit != systemd.read_root_file(self.conn, self.unit_path):
             systemd.write_root_file(self.conn, self.unit_path, unit)
             systemd.systemctl(self.conn, "daemon-reload")

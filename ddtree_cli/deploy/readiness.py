@@ -19,8 +19,15 @@ class NotReady(Exception):
     """The service did not become ready; the message says why (one line)."""
 
 
-def http_request(conn: Connection, host: str, port: int, method: str, path: str,
-                 body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
+def http_request(
+    conn: Connection,
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    body: dict | None = None,
+    timeout: float = 60,
+) -> tuple[int, str]:
     """An HTTP request made from the host itself (through an SSH direct-tcpip channel), so a
     server bound to the host's loopback is reachable without opening a port."""
     target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -38,9 +45,16 @@ def http_request(conn: Connection, host: str, port: int, method: str, path: str,
         channel.close()
 
 
-def wait_ready(conn: Connection, cfg: DeployConfig, host: HostSpec, unit: str, *,
-               started_at: str | None, timeout: float | None = None,
-               note=lambda _msg: None) -> dict:
+def wait_ready(
+    conn: Connection,
+    cfg: DeployConfig,
+    host: HostSpec,
+    unit: str,
+    *,
+    started_at: str | None,
+    timeout: float | None = None,
+    note=lambda _msg: None,
+) -> dict:
     """Poll /health until 200 (503 means still starting), then run the canary /generate.
 
     Fails fast when the unit dies or restarts instead of waiting out the timeout.
@@ -52,10 +66,15 @@ def wait_ready(conn: Connection, cfg: DeployConfig, host: HostSpec, unit: str, *
     delay = 0.25
     while True:
         state = unit_state(conn, unit)
-        if state.get("ActiveState") == "failed" or state.get("SubState") == "auto-restart" \
-                or int(state.get("NRestarts", "0") or 0) > 0:
-            raise NotReady(f"{unit} exited (state {state.get('ActiveState')}/"
-                           f"{state.get('SubState')}, exit status {state.get('ExecMainStatus')})")
+        if (
+            state.get("ActiveState") == "failed"
+            or state.get("SubState") == "auto-restart"
+            or int(state.get("NRestarts", "0") or 0) > 0
+        ):
+            raise NotReady(
+                f"{unit} exited (state {state.get('ActiveState')}/"
+                f"{state.get('SubState')}, exit status {state.get('ExecMainStatus')})"
+            )
         if state.get("ActiveState") not in ("active", "activating", "reloading", "deactivating"):
             raise NotReady(f"{unit} is {state.get('ActiveState')}")
         try:
@@ -76,12 +95,24 @@ def wait_ready(conn: Connection, cfg: DeployConfig, host: HostSpec, unit: str, *
 
 
 def canary(conn: Connection, cfg: DeployConfig, host: HostSpec) -> dict:
-    body = {"text": cfg.canary_prompt,
-            "sampling_params": {"max_new_tokens": cfg.canary_tokens, "temperature": 0,
-                                "ignore_eos": True}}
+    body = {
+        "text": cfg.canary_prompt,
+        "sampling_params": {
+            "max_new_tokens": cfg.canary_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+    }
     try:
-        status, text = http_request(conn, cfg.service_host, service_port(cfg, host), "POST",
-                                    "/generate", body, timeout=max(60.0, cfg.ready_timeout_s))
+        status, text = http_request(
+            conn,
+            cfg.service_host,
+            service_port(cfg, host),
+            "POST",
+            "/generate",
+            body,
+            timeout=max(60.0, cfg.ready_timeout_s),
+        )
     except (OSError, http.client.HTTPException) as exc:
         raise NotReady(f"canary /generate failed: {exc}") from exc
     if status != 200:
@@ -90,12 +121,15 @@ def canary(conn: Connection, cfg: DeployConfig, host: HostSpec) -> dict:
         answer = json.loads(text)
         meta = answer["meta_info"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise NotReady(f"canary /generate answered something that is not SGLang's format: "
-                       f"{text[:200]}") from exc
+        raise NotReady(
+            f"canary /generate answered something that is not SGLang's format: {text[:200]}"
+        ) from exc
     tokens = meta.get("completion_tokens", 0)
     if tokens < min(16, cfg.canary_tokens):
         raise NotReady(f"canary generated {tokens} tokens, expected {cfg.canary_tokens}")
     if cfg.speculative and not meta.get("spec_verify_ct"):
-        raise NotReady("canary ran without speculative decoding (meta_info.spec_verify_ct is "
-                       f"{meta.get('spec_verify_ct')!r})")
+        raise NotReady(
+            "canary ran without speculative decoding (meta_info.spec_verify_ct is "
+            f"{meta.get('spec_verify_ct')!r})"
+        )
     return meta

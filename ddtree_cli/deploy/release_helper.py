@@ -42,8 +42,11 @@ def _complete(base):
         names = os.listdir(root)
     except FileNotFoundError:
         return []
-    return sorted(n for n in names if not n.startswith(".")
-                  and os.path.isfile(os.path.join(root, n, META, "manifest.json")))
+    return sorted(
+        n
+        for n in names
+        if not n.startswith(".") and os.path.isfile(os.path.join(root, n, META, "manifest.json"))
+    )
 
 
 def _current(base):
@@ -98,8 +101,9 @@ def plan(base, rid, owner, wanted):
         return {"exists": True, "missing": [], "linked": 0}
     # Sources to link from: the current release first, then the newest others.
     current = _current(base)
-    order = ([current] if current in _complete(base) else []) + \
-        [r for r in reversed(_read_state(base)["history"]) if r != current and r in _complete(base)]
+    order = ([current] if current in _complete(base) else []) + [
+        r for r in reversed(_read_state(base)["history"]) if r != current and r in _complete(base)
+    ]
     index = {}
     for src in order:
         for path, entry in _manifest(base, src).items():
@@ -189,8 +193,10 @@ def switch(base, rid, keep):
     for name in complete - keepers:
         shutil.rmtree(os.path.join(_releases(base), name), ignore_errors=True)
     history = [r for r in history if r in keepers]
-    _write_atomic(os.path.join(base, "state.json"),
-                  json.dumps({"history": history, "switched_at": time.time()}))
+    _write_atomic(
+        os.path.join(base, "state.json"),
+        json.dumps({"history": history, "switched_at": time.time()}),
+    )
     return {"ok": True, "current": rid, "pruned": sorted(complete - keepers)}
 
 

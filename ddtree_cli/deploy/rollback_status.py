@@ -12,8 +12,13 @@ from ddtree_cli.errors import RemoteError
 from ddtree_cli.remote.hostspec import HostSpec
 
 
-def rollback(cfg: DeployConfig, hosts: list[HostSpec], opts: DeployOptions, *,
-             on_event: EventFn = lambda *_: None) -> list[HostReport]:
+def rollback(
+    cfg: DeployConfig,
+    hosts: list[HostSpec],
+    opts: DeployOptions,
+    *,
+    on_event: EventFn = lambda *_: None,
+) -> list[HostReport]:
     """Switch every host back to the release it ran before, and prove it serves."""
 
     def one(host: HostSpec) -> HostReport:
@@ -35,8 +40,9 @@ def rollback(cfg: DeployConfig, hosts: list[HostSpec], opts: DeployOptions, *,
                 except readiness.NotReady as exc:
                     dep.report.status = HostStatus.FAILED
                     dep.report.message = f"release {previous} does not serve: {exc}"
-                    dep.report.journal = systemd.journal_tail(dep.conn, cfg.unit_name, 20,
-                                                              since=dep._since)
+                    dep.report.journal = systemd.journal_tail(
+                        dep.conn, cfg.unit_name, 20, since=dep._since
+                    )
             return dep.report
         finally:
             dep.close()
@@ -44,8 +50,13 @@ def rollback(cfg: DeployConfig, hosts: list[HostSpec], opts: DeployOptions, *,
     return parallel(hosts, one, on_event, cfg.unit_name)
 
 
-def status(cfg: DeployConfig, hosts: list[HostSpec], opts: DeployOptions, *,
-           on_event: EventFn = lambda *_: None) -> list[HostReport]:
+def status(
+    cfg: DeployConfig,
+    hosts: list[HostSpec],
+    opts: DeployOptions,
+    *,
+    on_event: EventFn = lambda *_: None,
+) -> list[HostReport]:
     """Current release, unit state and whether /health answers, per host. Changes nothing."""
 
     def one(host: HostSpec) -> HostReport:
@@ -65,9 +76,14 @@ def status(cfg: DeployConfig, hosts: list[HostSpec], opts: DeployOptions, *,
                 dep.report.journal = systemd.journal_tail(dep.conn, cfg.unit_name, 10)
             else:
                 try:
-                    code, _ = readiness.http_request(dep.conn, cfg.service_host,
-                                                     units.service_port(cfg, dep.host), "GET",
-                                                     "/health", timeout=20)
+                    code, _ = readiness.http_request(
+                        dep.conn,
+                        cfg.service_host,
+                        units.service_port(cfg, dep.host),
+                        "GET",
+                        "/health",
+                        timeout=20,
+                    )
                     if code == 200:
                         dep.report.status = HostStatus.ACTIVE
                     else:

@@ -33,11 +33,31 @@ from ddtree_cli.errors import ConfigError, RemoteError
 from ddtree_cli.remote.ssh import Connection
 
 DEFAULT_EXCLUDES = (
-    "__pycache__", "*.pyc", ".ddtree", ".git", ".hg", ".svn", ".venv", ".mypy_cache",
-    ".pytest_cache", ".ruff_cache", ".DS_Store",
+    "__pycache__",
+    "*.pyc",
+    ".ddtree",
+    ".git",
+    ".hg",
+    ".svn",
+    ".venv",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".DS_Store",
     # secrets: never shipped, whatever the include list says
-    ".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*", ".netrc",
-    ".pypirc", "*.token", "credentials*", ".git-credentials", ".hf_token",
+    ".env",
+    ".env.*",
+    "*.pem",
+    "*.key",
+    "id_rsa*",
+    "id_ed25519*",
+    "id_ecdsa*",
+    ".netrc",
+    ".pypirc",
+    "*.token",
+    "credentials*",
+    ".git-credentials",
+    ".hf_token",
 )
 SFTP_MAX_FILES = 32  # above this, one tar stream beats a round trip per file
 
@@ -54,7 +74,9 @@ def exclusion_matcher(patterns: tuple[str, ...] | list[str]) -> Callable[[str], 
     return excluded
 
 
-def scan(source: Path, include: list[str] | None = None, exclude: list[str] | None = None) -> Manifest:
+def scan(
+    source: Path, include: list[str] | None = None, exclude: list[str] | None = None
+) -> Manifest:
     """Hash every file under ``source`` (or only the ``include`` entries in it)."""
     source = Path(source)
     if not source.is_dir():
@@ -146,8 +168,10 @@ class Releases:
         data = None if stdin is None else json.dumps(stdin, separators=(",", ":"))
         result = self.conn.run(argv, stdin=data, timeout=timeout, sudo=True)
         if result.returncode == 127:
-            raise RemoteError(f"{self.conn.label}: no {self.python} on the host to manage "
-                              f"releases with", hint="install python3 on the host")
+            raise RemoteError(
+                f"{self.conn.label}: no {self.python} on the host to manage releases with",
+                hint="install python3 on the host",
+            )
         if not result.ok:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise RemoteError(f"{self.conn.label}: release {action} failed: {last}")
@@ -185,9 +209,16 @@ def _helper_source() -> str:
 Progress = Callable[[str], None]
 
 
-def sync(conn: Connection, releases: Releases, source: Path, manifest: Manifest, *,
-         rid: str | None = None, metadata: dict[str, str] | None = None,
-         progress: Progress | None = None) -> SyncResult:
+def sync(
+    conn: Connection,
+    releases: Releases,
+    source: Path,
+    manifest: Manifest,
+    *,
+    rid: str | None = None,
+    metadata: dict[str, str] | None = None,
+    progress: Progress | None = None,
+) -> SyncResult:
     """Make ``releases/<rid>`` on the host hold exactly ``manifest``; does not switch.
 
     ``rid`` defaults to the manifest's hash; a deploy mixes the unit file into it, so the
@@ -219,20 +250,26 @@ def sync(conn: Connection, releases: Releases, source: Path, manifest: Manifest,
                 sftp.put(str(source / path), f"{staging}/{path}", confirm=False)
         else:
             result.method = "tar"
-            out = conn.run(["tar", "-x", "-f", "-", "-C", staging, "--no-same-owner"],
-                           stdin=_tar_stream(source, missing), timeout=3600)
+            out = conn.run(
+                ["tar", "-x", "-f", "-", "-C", staging, "--no-same-owner"],
+                stdin=_tar_stream(source, missing),
+                timeout=3600,
+            )
             if not out.ok:
                 last = (out.stderr.strip().splitlines() or ["no output"])[-1]
                 raise RemoteError(f"{conn.label}: unpacking the upload failed: {last}")
     # Files that came over SFTP are hashed on the host; the tar stream is covered by SSH's
     # message authentication and the size check, and hashing 100+ MB there costs a second.
     verify = missing if result.method == "sftp" else []
-    done = releases.call("finalize", rid, stdin={"manifest": manifest, "uploaded": verify,
-                                                 "files": metadata or {}})
+    done = releases.call(
+        "finalize", rid, stdin={"manifest": manifest, "uploaded": verify, "files": metadata or {}}
+    )
     if not done["ok"]:
-        raise RemoteError(f"{conn.label}: release {rid} failed verification on the host: "
-                          f"{done['count']} file(s) wrong, e.g. {done['bad'][0]}",
-                          hint="run the deploy again; the running release was not touched")
+        raise RemoteError(
+            f"{conn.label}: release {rid} failed verification on the host: "
+            f"{done['count']} file(s) wrong, e.g. {done['bad'][0]}",
+            hint="run the deploy again; the running release was not touched",
+        )
     return result
 
 

@@ -36,37 +36,64 @@ def service_port(cfg: DeployConfig, host: HostSpec) -> int:
     return host.service_port or cfg.service_port
 
 
-def launch_argv(cfg: DeployConfig, host: HostSpec, algo: str, python: str,
-                node: NodeRole | None = None) -> list[str]:
+def launch_argv(
+    cfg: DeployConfig, host: HostSpec, algo: str, python: str, node: NodeRole | None = None
+) -> list[str]:
     """The server's command line. DFLASH and DDTREE differ only in the algorithm flags."""
     launch = cfg.launch
     port = str(service_port(cfg, host))
     release = f"{cfg.remote_dir}/current"
     if launch.kind == "command":
-        values = {"python": python, "host": cfg.service_host, "port": port, "algo": algo,
-                  "release": release, "name": cfg.name}
+        values = {
+            "python": python,
+            "host": cfg.service_host,
+            "port": port,
+            "algo": algo,
+            "release": release,
+            "name": cfg.name,
+        }
         try:
             return [arg.format(**values) for arg in launch.command]
         except (KeyError, IndexError, ValueError) as exc:
-            raise ConfigError(f"{cfg.path}: launch.command: unknown placeholder {exc} (known: "
-                              f"{', '.join('{' + k + '}' for k in values)})") from exc
+            raise ConfigError(
+                f"{cfg.path}: launch.command: unknown placeholder {exc} (known: "
+                f"{', '.join('{' + k + '}' for k in values)})"
+            ) from exc
     if launch.kind == "embedded":
         argv = [python, "-m", "ddtree_cli", "serve", "--algo", algo]
         if algo == "ddtree" and launch.ddtree_budget is not None:
             argv += ["--budget", str(launch.ddtree_budget)]
         return argv + [*launch.args, "--host", cfg.service_host, "--port", port]
-    argv = [python, "-m", "sglang.launch_server", "--model-path", launch.model_path,
-            "--speculative-algorithm", algo.upper(),
-            "--speculative-draft-model-path", launch.draft_model_path,
-            "--speculative-num-draft-tokens", str(launch.num_draft_tokens)]
+    argv = [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        launch.model_path,
+        "--speculative-algorithm",
+        algo.upper(),
+        "--speculative-draft-model-path",
+        launch.draft_model_path,
+        "--speculative-num-draft-tokens",
+        str(launch.num_draft_tokens),
+    ]
     if algo == "ddtree":
-        budget = launch.ddtree_budget if launch.ddtree_budget is not None \
+        budget = (
+            launch.ddtree_budget
+            if launch.ddtree_budget is not None
             else launch.num_draft_tokens - 1
+        )
         argv += ["--speculative-ddtree-budget", str(budget)]
     argv += launch.args
     if node is not None:
-        argv += ["--nnodes", str(node.nnodes), "--node-rank", str(node.rank),
-                 "--dist-init-addr", node.dist_init_addr]
+        argv += [
+            "--nnodes",
+            str(node.nnodes),
+            "--node-rank",
+            str(node.rank),
+            "--dist-init-addr",
+            node.dist_init_addr,
+        ]
     return argv + ["--host", cfg.service_host, "--port", port]
 
 
@@ -82,11 +109,15 @@ def env_file_path(cfg: DeployConfig) -> str:
     return f"{ENV_DIR}/{cfg.name}.env"
 
 
-def render_unit(cfg: DeployConfig, host: HostSpec, algo: str, python: str,
-                node: NodeRole | None = None) -> str:
+def render_unit(
+    cfg: DeployConfig, host: HostSpec, algo: str, python: str, node: NodeRole | None = None
+) -> str:
     gpus = list(host.gpus) or cfg.gpus
-    env = {"PYTHONPATH": f"{cfg.remote_dir}/current", "PYTHONUNBUFFERED": "1",
-           "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    env = {
+        "PYTHONPATH": f"{cfg.remote_dir}/current",
+        "PYTHONUNBUFFERED": "1",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     env.update(cfg.env)
@@ -131,8 +162,10 @@ def render_env_file(cfg: DeployConfig, environ: dict[str, str]) -> str:
     lines = []
     for name in cfg.secret_env:
         if name not in environ:
-            raise ConfigError(f"{cfg.path}: secret {name} (server.secret_env) is not set in "
-                              f"this shell's environment")
+            raise ConfigError(
+                f"{cfg.path}: secret {name} (server.secret_env) is not set in "
+                f"this shell's environment"
+            )
         value = environ[name]
         if "\n" in value:
             raise ConfigError(f"secret {name} contains a newline")
@@ -144,32 +177,48 @@ def redact_env_file(text: str) -> str:
     return "\n".join(f"{line.split('=', 1)[0]}=<redacted>" for line in text.splitlines() if line)
 
 
-def render_router_unit(cfg: DeployConfig, router: RouterConfig, worker_urls: list[str],
-                       python: str) -> str:
+def render_router_unit(
+    cfg: DeployConfig, router: RouterConfig, worker_urls: list[str], python: str
+) -> str:
     """A unit for SGLang's router (sgl-model-gateway) in front of the replicas."""
-    argv = [arg.format(python=python, port=router.port) for arg in router.command] \
-        if router.command else \
-        [python, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls,
-         "--policy", router.policy, "--host", "0.0.0.0", "--port", str(router.port)]
-    return "\n".join([
-        "# Managed by ddtree deploy.",
-        "[Unit]",
-        f"Description=SGLang router for ddtree deployment {cfg.name}",
-        "After=network-online.target",
-        "Wants=network-online.target",
-        "",
-        "[Service]",
-        "Type=exec",
-        "ExecStart=" + " ".join(_quote(a) for a in argv),
-        "Restart=on-failure",
-        "RestartSec=5",
-        "KillMode=control-group",
-        "LimitNOFILE=65535",
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-        "",
-    ])
+    argv = (
+        [arg.format(python=python, port=router.port) for arg in router.command]
+        if router.command
+        else [
+            python,
+            "-m",
+            "sglang_router.launch_router",
+            "--worker-urls",
+            *worker_urls,
+            "--policy",
+            router.policy,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(router.port),
+        ]
+    )
+    return "\n".join(
+        [
+            "# Managed by ddtree deploy.",
+            "[Unit]",
+            f"Description=SGLang router for ddtree deployment {cfg.name}",
+            "After=network-online.target",
+            "Wants=network-online.target",
+            "",
+            "[Service]",
+            "Type=exec",
+            "ExecStart=" + " ".join(_quote(a) for a in argv),
+            "Restart=on-failure",
+            "RestartSec=5",
+            "KillMode=control-group",
+            "LimitNOFILE=65535",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            "",
+        ]
+    )
 
 
 def router_unit_name(cfg: DeployConfig) -> str:
@@ -222,7 +271,9 @@ def _unquote_words(value: str) -> list[str]:
     for word in shlex.split(value):
         for char in "%$":
             if char in word.replace(char * 2, ""):
-                raise ConfigError(f"unit word {word!r} uses a systemd {char} expansion; only "
-                                  f"the commands ddtree deploy renders can be started by hand")
+                raise ConfigError(
+                    f"unit word {word!r} uses a systemd {char} expansion; only "
+                    f"the commands ddtree deploy renders can be started by hand"
+                )
         words.append(word.replace("%%", "%").replace("$$", "$"))
     return words

@@ -246,7 +246,9 @@ def check_gpu_arch(facts: dict) -> Verdict:
             f"only PTX for {', '.join(jit_only)}: kernels JIT-compile at first use (slow start)",
             "install a torch build with SASS for that architecture",
         )
-    return passed("gpu.arch", f"{', '.join(sm_label(c) for c in sorted(caps))} in torch's arch list")
+    return passed(
+        "gpu.arch", f"{', '.join(sm_label(c) for c in sorted(caps))} in torch's arch list"
+    )
 
 
 def check_nvcc(facts: dict) -> Verdict:
@@ -411,8 +413,9 @@ def check_cuda_packages(facts: dict) -> Verdict:
     own = torch_own_pins(facts)
     if not strays:
         basis = (
-            f"torch's own pins ({len(own)} NVIDIA wheels)" if own else "suffixes and NVIDIA's "
-            "component table (torch's Requires-Dist was not read)"
+            f"torch's own pins ({len(own)} NVIDIA wheels)"
+            if own
+            else "suffixes and NVIDIA's component table (torch's Requires-Dist was not read)"
         )
         return passed(
             "cuda.packages",
@@ -455,7 +458,9 @@ def _fix_note(torch_version: str | None, pins_read: bool, remove: bool, replace:
     if not remove:
         return ""
     if not pins_read:
-        return f" (packages of another CUDA major; torch {torch_version}'s Requires-Dist was not read)"
+        return (
+            f" (packages of another CUDA major; torch {torch_version}'s Requires-Dist was not read)"
+        )
     put_back = "; torch's own wheels are reinstalled at its pins" if replace else ""
     return f" (removes only what torch {torch_version} does not depend on{put_back})"
 
@@ -484,4 +489,3 @@ def check_persistence_mode(facts: dict) -> Verdict:
             "systemctl enable --now nvidia-persistenced (or nvidia-smi -pm 1)",
         )
     return passed("gpu.persistence", "persistence mode on")
-

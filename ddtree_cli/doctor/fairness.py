@@ -91,5 +91,3 @@ def check_fairness(diffs: list[dict], hosts: list[str]) -> Verdict:
         f"hosts differ in {keys}: an A/B across them measures the hosts, not the algorithm",
         "run both arms on one host, or on hosts whose difference table is empty",
     )
-
-

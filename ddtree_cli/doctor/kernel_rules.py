@@ -87,7 +87,9 @@ def check_probe(facts: dict, module: str) -> Verdict:
     spec = f"'{dist}=={pinned}'" if pinned else f"'{dist}'"
     last = error.splitlines()[-1] if error else kind
     return failed(
-        check_id, f"import {module} failed: {last}", f"{pip_install(facts)} --force-reinstall {spec}"
+        check_id,
+        f"import {module} failed: {last}",
+        f"{pip_install(facts)} --force-reinstall {spec}",
     )
 
 
@@ -230,4 +232,3 @@ def check_attention_backend(facts: dict) -> Verdict:
             )
     listing = ", ".join(f"{f} {b}" for f, b in sorted(chosen.items()))
     return passed("sglang.attention_backend", f"{listing} runs on this GPU")
-

@@ -108,4 +108,3 @@ def pip_install(facts: dict) -> str:
 
 def sglang_pins(facts: dict) -> dict[str, str]:
     return exact_pins((facts.get("requires") or {}).get("sglang") or [])
-

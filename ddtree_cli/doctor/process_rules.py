@@ -118,9 +118,7 @@ def _leftovers_verdict(facts: dict, strays: list) -> Verdict:
         for p, _, reason in strays[:4]
     )
     orphans = [p["pid"] for p, root, _ in strays if not root.get("parent_is_launcher")]
-    launchers = sorted(
-        {root["ppid"] for _, root, _ in strays if root.get("parent_is_launcher")}
-    )
+    launchers = sorted({root["ppid"] for _, root, _ in strays if root.get("parent_is_launcher")})
     fixes = []
     if orphans:
         fixes.append(
@@ -138,5 +136,3 @@ def _leftovers_verdict(facts: dict, strays: list) -> Verdict:
         + (f", holding {held} MiB of GPU memory" if held else ""),
         "; ".join(fixes),
     )
-
-

@@ -87,6 +87,7 @@ def health_url_on_host(options: DoctorOptions) -> str | None:
         return None
     return f"http://127.0.0.1:{options.ports[0]}/health"
 
+
 @dataclass
 class HostFacts:
     host: str
@@ -124,8 +125,13 @@ def build_report(
         if result.facts is None:
             error = result.error
             report.checks.append(
-                Verdict("host.reachable", Status.FAIL, str(error),
-                        (error.hint if error else "") or "", host=result.host)
+                Verdict(
+                    "host.reachable",
+                    Status.FAIL,
+                    str(error),
+                    (error.hint if error else "") or "",
+                    host=result.host,
+                )
             )
             continue
         for verdict in diagnose(result.facts, options, local_health):

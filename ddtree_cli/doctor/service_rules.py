@@ -246,4 +246,3 @@ def check_health(health: dict | None, where: str) -> Verdict:
         f"GET {url} failed ({where}): {health.get('error')}",
         "start the service (systemctl start <unit>) or check --url/--port",
     )
-

@@ -118,4 +118,3 @@ def check_patch_state(snapshot_path: str) -> Verdict:
         f"{where} has drifted: " + "; ".join(drifted[:3]) + (" …" if len(drifted) > 3 else ""),
         f"ddtree patch {snapshot_path} --revert (or start from a fresh copy), then ddtree patch",
     )
-

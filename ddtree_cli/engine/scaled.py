@@ -437,7 +437,9 @@ class _Builder:
             return (heads.to(self.device)[:, None] * hb + dims[None, :] + offset).flatten()
 
         def heads_of(heads: torch.Tensor) -> torch.Tensor:
-            return (heads.to(self.device)[:, None] * hb + torch.arange(hb, device=self.device)).flatten()
+            return (
+                heads.to(self.device)[:, None] * hb + torch.arange(hb, device=self.device)
+            ).flatten()
 
         w = {name: self.small(t) for name, t in small.items()}
         if self.dense:
@@ -497,7 +499,9 @@ class ScaledPair:
 
     def facts(self) -> dict:
         """What the manifest records about the construction."""
-        per_channel = torch.bincount(self.basis.owner[self.basis.owned], minlength=self.residual.small)
+        per_channel = torch.bincount(
+            self.basis.owner[self.basis.owned], minlength=self.residual.small
+        )
         return {
             "scale": self.scale.name,
             "source": self.scale.source,

@@ -135,7 +135,9 @@ def identify(snapshot: Snapshot, *, force: bool = False) -> Match:
         return Match(best, "forced", why, forced=True)
     total = best.hunk_count()
     if problems:
-        listed = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
+        listed = "; ".join(problems[:6]) + (
+            f"; and {len(problems) - 6} more" if len(problems) > 6 else ""
+        )
         detail = f"{len(problems)} of its {total} hunks would not apply: {listed}"
         hint = "no --force: it applies only when every hunk finds a unique anchor"
     else:

@@ -619,9 +619,7 @@ def _ppid(pid: int) -> int | None:
 
 
 def _is_sglang_title(pid: int) -> bool:
-    return _read(f"/proc/{pid}/comm").startswith("sglang::") or _cmdline(pid).startswith(
-        "sglang::"
-    )
+    return _read(f"/proc/{pid}/comm").startswith("sglang::") or _cmdline(pid).startswith("sglang::")
 
 
 def unit_of_cgroup(cgroup: str | None) -> str | None:

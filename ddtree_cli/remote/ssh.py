@@ -42,8 +42,11 @@ CONNECT_TIMEOUT_S = 15.0
 class _Transport(paramiko.Transport):
     # AES-GCM needs no separate MAC pass: about 1.6x the throughput of paramiko's default
     # aes128-ctr + hmac-sha2-256 for a bulk upload. A wide window keeps the pipe full.
-    _preferred_ciphers = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
-                          *(c for c in paramiko.Transport._preferred_ciphers if "gcm" not in c))
+    _preferred_ciphers = (
+        "aes128-gcm@openssh.com",
+        "aes256-gcm@openssh.com",
+        *(c for c in paramiko.Transport._preferred_ciphers if "gcm" not in c),
+    )
     default_window_size = 32 * 1024 * 1024
 
 
@@ -149,7 +152,6 @@ class _HostKeyCheck(paramiko.MissingHostKeyPolicy):
             )
         _append_known_host(self.record_to, f"{self.name} {key.get_name()} {key_b64}\n")
 
-
     def changed(self, key: paramiko.PKey) -> RemoteError:
         same_type = [k for k in self.known if k.keytype == key.get_name()]
         old = same_type[0] if same_type else self.known[0]
@@ -176,8 +178,15 @@ def _append_known_host(path: Path, line: str) -> None:
 class Connection:
     """An authenticated SSH session to one host. Use as a context manager or call close()."""
 
-    def __init__(self, spec: HostSpec, client: paramiko.SSHClient, hostname: str, port: int,
-                 user: str, jumps: list[Connection]):
+    def __init__(
+        self,
+        spec: HostSpec,
+        client: paramiko.SSHClient,
+        hostname: str,
+        port: int,
+        user: str,
+        jumps: list[Connection],
+    ):
         self.spec = spec
         self.hostname = hostname
         self.port = port
@@ -209,8 +218,15 @@ class Connection:
             words = ["sudo", "-n", "--", *words]
         return shlex.join(words)
 
-    def run(self, argv: Sequence[str], stdin: bytes | str | IO[bytes] | Iterable[bytes] | None = None,
-            timeout: float | None = None, *, sudo: bool = False, check: bool = False) -> Result:
+    def run(
+        self,
+        argv: Sequence[str],
+        stdin: bytes | str | IO[bytes] | Iterable[bytes] | None = None,
+        timeout: float | None = None,
+        *,
+        sudo: bool = False,
+        check: bool = False,
+    ) -> Result:
         """Run ``argv`` on the host and collect its output.
 
         ``stdin`` may be bytes, text, a binary file or an iterable of byte chunks; it is sent
@@ -223,7 +239,9 @@ class Connection:
             channel = self.transport.open_session(timeout=CONNECT_TIMEOUT_S)
             channel.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise RemoteError(f"{self.label}: connection lost ({exc or type(exc).__name__})") from exc
+            raise RemoteError(
+                f"{self.label}: connection lost ({exc or type(exc).__name__})"
+            ) from exc
         writer = _start_stdin_writer(channel, stdin)
         out, err = bytearray(), bytearray()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -237,16 +255,21 @@ class Connection:
                     err += channel.recv_stderr(1 << 16)
                     busy = True
                 # The exit status can arrive before the last output: stop at EOF instead.
-                if channel.eof_received and not channel.recv_ready() \
-                        and not channel.recv_stderr_ready():
+                if (
+                    channel.eof_received
+                    and not channel.recv_ready()
+                    and not channel.recv_stderr_ready()
+                ):
                     break
                 if not self.transport.is_active():
-                    raise RemoteError(f"{self.label}: connection lost while running "
-                                      f"{_short(command)}")
+                    raise RemoteError(
+                        f"{self.label}: connection lost while running {_short(command)}"
+                    )
                 if deadline is not None and time.monotonic() > deadline:
                     channel.close()
-                    raise RemoteError(f"{self.label}: {_short(command)} timed out after "
-                                      f"{timeout:.0f} s")
+                    raise RemoteError(
+                        f"{self.label}: {_short(command)} timed out after {timeout:.0f} s"
+                    )
                 if not busy:
                     channel.status_event.wait(0.005)
             # Drain what arrived between the last read and the exit status.
@@ -260,8 +283,7 @@ class Connection:
                 writer.join(timeout=5)
             channel.close()
         if writer is not None and writer.error is not None and code == 0:
-            raise RemoteError(f"{self.label}: connection lost while sending data "
-                              f"({writer.error})")
+            raise RemoteError(f"{self.label}: connection lost while sending data ({writer.error})")
         result = Result(code, out.decode(errors="replace"), err.decode(errors="replace"))
         if check and not result.ok:
             last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -273,9 +295,10 @@ class Connection:
         if self.is_root:
             return
         if not self.run(["sudo", "-n", "true"], timeout=30).ok:
-            raise RemoteError(f"{self.label}: user {self.user} is not root and has no "
-                              f"passwordless sudo",
-                              hint="log in as root or allow NOPASSWD sudo for this user")
+            raise RemoteError(
+                f"{self.label}: user {self.user} is not root and has no passwordless sudo",
+                hint="log in as root or allow NOPASSWD sudo for this user",
+            )
 
     def sftp(self) -> paramiko.SFTPClient:
         if self._sftp is None:
@@ -285,11 +308,14 @@ class Connection:
                 raise RemoteError(f"{self.label}: cannot open SFTP ({exc})") from exc
         return self._sftp
 
-    def open_tunnel(self, host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> paramiko.Channel:
+    def open_tunnel(
+        self, host: str, port: int, timeout: float = CONNECT_TIMEOUT_S
+    ) -> paramiko.Channel:
         """A TCP connection made by the host to ``host:port`` (the host's own view)."""
         try:
-            return self.transport.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0),
-                                               timeout=timeout)
+            return self.transport.open_channel(
+                "direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout
+            )
         except paramiko.ChannelException as exc:
             raise ConnectionRefusedError(f"{host}:{port} via {self.label}: {exc}") from exc
 
@@ -366,20 +392,27 @@ def _expand(path: str) -> Path:
     return Path(os.path.expandvars(path)).expanduser()
 
 
-def connect(target: str | HostSpec, *, identity: str | Path | None = None,
-            accept_new_host_key: bool = False, known_hosts: str | Path | None = None,
-            ssh_config: str | Path | paramiko.SSHConfig | None = None,
-            timeout: float = CONNECT_TIMEOUT_S, _depth: int = 0) -> Connection:
+def connect(
+    target: str | HostSpec,
+    *,
+    identity: str | Path | None = None,
+    accept_new_host_key: bool = False,
+    known_hosts: str | Path | None = None,
+    ssh_config: str | Path | paramiko.SSHConfig | None = None,
+    timeout: float = CONNECT_TIMEOUT_S,
+    _depth: int = 0,
+) -> Connection:
     """Open an authenticated connection; raise RemoteError with one line on any failure.
 
     ``known_hosts`` replaces the user's known_hosts file (and is where new keys are
     recorded); ``ssh_config`` is a path or a parsed config (default ``~/.ssh/config``).
     """
     spec = target if isinstance(target, HostSpec) else HostSpec.parse(target)
-    config = ssh_config if isinstance(ssh_config, paramiko.SSHConfig) else _load_ssh_config(ssh_config)
+    config = (
+        ssh_config if isinstance(ssh_config, paramiko.SSHConfig) else _load_ssh_config(ssh_config)
+    )
     hostname, port, options = _resolve(spec, config)
-    common = dict(accept_new_host_key=accept_new_host_key, known_hosts=known_hosts,
-                  timeout=timeout)
+    common = dict(accept_new_host_key=accept_new_host_key, known_hosts=known_hosts, timeout=timeout)
     jumps: list[Connection] = []
     try:
         proxy = options.get("proxyjump", "")
@@ -423,9 +456,18 @@ def _tunnel(via: Connection, host: str, port: int, label: str, timeout: float):
         raise RemoteError(f"cannot reach {label} through jump host {via.label}: {exc}") from exc
 
 
-def _handshake(sock, spec: HostSpec, hostname: str, port: int, options: dict,
-               identity: str | Path | None, *, accept_new_host_key: bool,
-               known_hosts: str | Path | None, timeout: float) -> Connection:
+def _handshake(
+    sock,
+    spec: HostSpec,
+    hostname: str,
+    port: int,
+    options: dict,
+    identity: str | Path | None,
+    *,
+    accept_new_host_key: bool,
+    known_hosts: str | Path | None,
+    timeout: float,
+) -> Connection:
     name = known_host_name(options.get("hostkeyalias", hostname), port)
     if known_hosts is not None:
         user_known = [Path(known_hosts).expanduser()]
@@ -446,9 +488,17 @@ def _handshake(sock, spec: HostSpec, hostname: str, port: int, options: dict,
     _prefer_known_key_type(client, name, known)
     try:
         client.connect(
-            hostname, port=port, username=user, key_filename=[str(p) for p in identities] or None,
-            look_for_keys=False, allow_agent=True, timeout=timeout, banner_timeout=timeout,
-            auth_timeout=timeout, sock=sock, transport_factory=_Transport,
+            hostname,
+            port=port,
+            username=user,
+            key_filename=[str(p) for p in identities] or None,
+            look_for_keys=False,
+            allow_agent=True,
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+            sock=sock,
+            transport_factory=_Transport,
         )
     except RemoteError:
         client.close()
@@ -459,9 +509,10 @@ def _handshake(sock, spec: HostSpec, hostname: str, port: int, options: dict,
     except paramiko.AuthenticationException as exc:
         client.close()
         tried = ", ".join(str(p) for p in identities) or "no key files"
-        raise RemoteError(f"authentication failed for {user}@{name} (tried {tried} and the "
-                          f"SSH agent)", hint="pass --identity KEY or add the key to the agent") \
-            from exc
+        raise RemoteError(
+            f"authentication failed for {user}@{name} (tried {tried} and the SSH agent)",
+            hint="pass --identity KEY or add the key to the agent",
+        ) from exc
     except (paramiko.SSHException, OSError, EOFError) as exc:
         client.close()
         reason = str(exc) or type(exc).__name__
@@ -501,8 +552,9 @@ def _open_socket(hostname: str, port: int, timeout: float, label: str) -> socket
     except socket.gaierror as exc:
         raise RemoteError(f"cannot reach {label}: unknown host name {hostname!r}") from exc
     except TimeoutError as exc:
-        raise RemoteError(f"cannot reach {label}: connection to {hostname}:{port} timed out") \
-            from exc
+        raise RemoteError(
+            f"cannot reach {label}: connection to {hostname}:{port} timed out"
+        ) from exc
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise RemoteError(f"cannot reach {label}: {hostname}:{port}: {reason.lower()}") from exc

@@ -23,6 +23,7 @@ def write_json(path: Path, obj: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2))
 
+
 def target_stats_of(folder: Path) -> dict | None:
     """The target's training record: ``target_stats.json``, else the folder's manifest."""
     stats = folder / "target_stats.json"
@@ -33,8 +34,10 @@ def target_stats_of(folder: Path) -> dict | None:
         return (json.loads(manifest.read_text()).get("training") or {}).get("target")
     return None
 
+
 def corpus_meta(corpus: Corpus) -> dict:
     return {k: v for k, v in corpus.meta.items() if k != "skipped_not_utf8"}
+
 
 def gendata_meta(data: dict) -> dict:
     return {
@@ -44,6 +47,7 @@ def gendata_meta(data: dict) -> dict:
         "seconds": data["seconds"],
         "seed": data.get("seed"),
     }
+
 
 def pipeline(args) -> dict:
     """Stages 2-5 back to back, each one's outputs written as soon as it ends."""
@@ -113,6 +117,7 @@ def pipeline(args) -> dict:
         )
         write_json(Path(args.eval_out or out / "eval.json"), res)
     return prov
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(

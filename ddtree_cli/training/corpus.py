@@ -21,9 +21,11 @@ from ddtree_cli.engine.tokenizer import EOS_ID, ByteTokenizer
 
 HELDOUT_MODULUS = 50
 
+
 def is_heldout(relpath: str) -> bool:
     digest = hashlib.sha256(relpath.encode()).digest()
     return int.from_bytes(digest[:8], "big") % HELDOUT_MODULUS == 0
+
 
 def build_corpus(out: Path, max_files: int | None = None) -> dict:
     """Tokenise the running interpreter's stdlib ``*.py`` files into ``out`` (npz)."""
@@ -77,6 +79,7 @@ def build_corpus(out: Path, max_files: int | None = None) -> dict:
         meta=np.asarray(json.dumps(meta)),
     )
     return meta
+
 
 @dataclass
 class Corpus:

@@ -33,6 +33,7 @@ def _cached_layer(layer, rope, x, pos, k_cache, v_cache, start: int) -> torch.Te
     out = attend(attn, q, k_cache[:, :end], v_cache[:, :end], is_causal=x.shape[1] > 1)
     return layer.finish(x, out)
 
+
 @torch.no_grad()
 def greedy_continue(target: Qwen3Target, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Greedy continuation of equal-length prompts [N, P] with a KV cache.
@@ -65,6 +66,7 @@ def greedy_continue(target: Qwen3Target, prompts: torch.Tensor, new_tokens: int)
         tok = run(tok.unsqueeze(1), t)
         out[:, t + 1] = tok
     return out
+
 
 @torch.no_grad()
 def generate_data(
@@ -109,7 +111,9 @@ def generate_data(
     log(f"gendata: {made} sequences of {prompt_len}+{new_tokens} in {data['seconds']}s")
     return data
 
+
 SHARD_BYTES = 15 * 2**20  # every output file stays under 16 MiB
+
 
 def save_data(data: dict, folder: Path) -> None:
     """``folder/tokens-NNN.npy`` shards (int16) and ``folder/meta.json``."""
@@ -123,6 +127,7 @@ def save_data(data: dict, folder: Path) -> None:
     meta = {k: v for k, v in data.items() if k != "tokens"}
     meta["shape"] = list(tokens.shape)
     (folder / "meta.json").write_text(json.dumps(meta, indent=2))
+
 
 def load_data(folder: Path) -> dict:
     meta = json.loads((folder / "meta.json").read_text())

@@ -17,6 +17,7 @@ def attend(attn, q, k, v, **kw):
     )
     return attn.o_proj(out.transpose(1, 2).flatten(2))
 
+
 def target_forward(
     target: Qwen3Target,
     ids: torch.Tensor,
@@ -42,6 +43,7 @@ def target_forward(
             if features_only and len(feats) == len(feature_layers):
                 return None, torch.cat(feats, dim=-1)
     return target.model.norm(x), (torch.cat(feats, dim=-1) if feats else None)
+
 
 def drafter_forward(
     drafter: DFlashDrafter,

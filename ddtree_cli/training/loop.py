@@ -45,6 +45,7 @@ def heldout_loss(target: Qwen3Target, stream: torch.Tensor, seq: int, max_window
         count += win[:, 1:].numel()
     return total / max(count, 1)
 
+
 def train_target(
     corpus: Corpus,
     out: Path,
@@ -60,7 +61,9 @@ def train_target(
 ) -> tuple[Qwen3Target, dict]:
     dev = device_setup(device)
     gen = seed_all(seed)
-    target = random_pair(cfg, DraftConfig(**draft_config_for(cfg)), seed=seed).target.to(dev).train()
+    target = (
+        random_pair(cfg, DraftConfig(**draft_config_for(cfg)), seed=seed).target.to(dev).train()
+    )
     train, held = corpus.stream(False), corpus.stream(True)
     train_dev = train.to(dev)
     decay = [p for n, p in target.named_parameters() if p.dim() == 2]
@@ -114,6 +117,7 @@ def train_target(
     save_target(target, out)
     (out / "target_stats.json").write_text(json.dumps(stats, indent=2))
     return target, stats
+
 
 def train_drafter(
     target: Qwen3Target,

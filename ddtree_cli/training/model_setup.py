@@ -74,18 +74,22 @@ TINY_DRAFT = DraftConfig(
 
 CONFIGS = {"small": (SMALL_TARGET, SMALL_DRAFT), "tiny": (TINY_TARGET, TINY_DRAFT)}
 
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
 
 def seed_all(seed: int) -> torch.Generator:
     torch.manual_seed(seed)
     np.random.seed(seed)
     return torch.Generator().manual_seed(seed)
 
+
 def lr_schedule(frac: float, peak: float, warm: float = 0.03) -> float:
     if frac < warm:
         return peak * frac / warm
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (frac - warm) / (1 - warm)))))
+
 
 def device_setup(device: str) -> torch.device:
     dev = torch.device(device)
@@ -94,8 +98,10 @@ def device_setup(device: str) -> torch.device:
         torch.backends.cudnn.allow_tf32 = True
     return dev
 
+
 def autocast(dev: torch.device):
     return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
+
 
 def draft_config_for(cfg: TargetConfig) -> dict:
     """A drafter config matching ``cfg`` (only to build the target through ``random_pair``)."""
@@ -105,6 +111,7 @@ def draft_config_for(cfg: TargetConfig) -> dict:
     d = asdict(TINY_DRAFT)
     d.update(hidden_size=cfg.hidden_size, target_layer_ids=(0,))
     return d
+
 
 def save_target(target: Qwen3Target, folder: Path) -> None:
     from safetensors.torch import save_file
@@ -119,6 +126,7 @@ def save_target(target: Qwen3Target, folder: Path) -> None:
         state.pop("lm_head.weight", None)
     save_file(state, str(part / "model.safetensors"))
 
+
 def load_target(folder: Path) -> Qwen3Target:
     from safetensors.torch import load_file
 
@@ -126,6 +134,7 @@ def load_target(folder: Path) -> Qwen3Target:
     target = Qwen3Target(cfg)
     target.load_state_dict(load_file(str(folder / "target/model.safetensors")), strict=False)
     return target
+
 
 def save_trained_pair(
     target: Qwen3Target, drafter: DFlashDrafter, folder: Path, provenance: dict

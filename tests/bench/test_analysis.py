@@ -13,13 +13,24 @@ from ddtree_cli.bench.summary import Confounds, Files, RunConfig, RunStatus, Sum
 def _pass(arm, trial, wall, tokens, e2e, accept=None, n=8):
     p = PassResult(arm, 1, trial, wall_s=wall)
     for i in range(n):
-        p.records.append({
-            "arm": arm, "concurrency": 1, "trial": trial, "prompt_id": f"p{i}", "ok": True,
-            "completion_tokens": tokens, "e2e_ms": e2e[i] if isinstance(e2e, list) else e2e,
-            "ttft_ms": 10.0, "tpot_ms": 2.0 + i / 100, "itl_ms": [2.0, 4.0],
-            "chunk_tokens": [1, 2, 1], "spec_verify_ct": 4 if accept else None,
-            "accept_length": accept, "output_ids": [1] * tokens,
-        })
+        p.records.append(
+            {
+                "arm": arm,
+                "concurrency": 1,
+                "trial": trial,
+                "prompt_id": f"p{i}",
+                "ok": True,
+                "completion_tokens": tokens,
+                "e2e_ms": e2e[i] if isinstance(e2e, list) else e2e,
+                "ttft_ms": 10.0,
+                "tpot_ms": 2.0 + i / 100,
+                "itl_ms": [2.0, 4.0],
+                "chunk_tokens": [1, 2, 1],
+                "spec_verify_ct": 4 if accept else None,
+                "accept_length": accept,
+                "output_ids": [1] * tokens,
+            }
+        )
     return p
 
 

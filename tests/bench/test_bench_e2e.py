@@ -22,7 +22,9 @@ SMALL = ["--num-prompts", "5", "--max-new-tokens", "8", "--dataset", "math"]
 def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ddtree_cli", "bench", *args],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -77,8 +79,15 @@ def servers(tmp_path_factory):
 
 def test_confound_guard_refuses_arms_that_differ_and_writes_nothing(servers, tmp_path):
     out = tmp_path / "run"
-    res = bench("--url", f"ddtree={servers['ddtree']}", "--url", f"dflash={servers['dflash']}",
-                "--output", str(out), *SMALL)
+    res = bench(
+        "--url",
+        f"ddtree={servers['ddtree']}",
+        "--url",
+        f"dflash={servers['dflash']}",
+        "--output",
+        str(out),
+        *SMALL,
+    )
     assert res.returncode == 5
     assert "differ in more than the algorithm" in res.stderr
     assert "random_seed" in res.stderr and "--allow-mismatch" in res.stderr
@@ -89,10 +98,26 @@ def test_confound_guard_refuses_arms_that_differ_and_writes_nothing(servers, tmp
 def test_lossless_check_catches_an_arm_with_other_weights(servers, tmp_path):
     out = tmp_path / "run"
     res = bench(
-        "--url", f"ddtree={servers['ddtree']}", "--url", f"dflash={servers['dflash']}",
-        "--reference", servers["ar"], "--allow-mismatch", "--json", "--output", str(out),
-        "--trials", "1", "--num-prompts", "8", "--max-new-tokens", "4", "--warmup", "0",
-        "--dataset", "math",
+        "--url",
+        f"ddtree={servers['ddtree']}",
+        "--url",
+        f"dflash={servers['dflash']}",
+        "--reference",
+        servers["ar"],
+        "--allow-mismatch",
+        "--json",
+        "--output",
+        str(out),
+        "--trials",
+        "1",
+        "--num-prompts",
+        "8",
+        "--max-new-tokens",
+        "4",
+        "--warmup",
+        "0",
+        "--dataset",
+        "math",
     )
     assert res.returncode == 5, res.stderr
     assert "lossless check failed" in res.stderr
@@ -114,9 +139,25 @@ def _children(pid: int) -> list[int]:
 
 def _start_and_wait_for_records(out: Path, n: int) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ddtree_cli", "bench", "--output", str(out), "--trials", "3",
-         "--num-prompts", "5", "--max-new-tokens", "12", "--dataset", "chat"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "ddtree_cli",
+            "bench",
+            "--output",
+            str(out),
+            "--trials",
+            "3",
+            "--num-prompts",
+            "5",
+            "--max-new-tokens",
+            "12",
+            "--dataset",
+            "chat",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 180
     jsonl = out / "requests.jsonl"

@@ -27,13 +27,37 @@ def test_bench_switches_one_host_between_the_arms(tmp_path):
     try:
         out = tmp_path / "run"
         res = subprocess.run(
-            [sys.executable, "-m", "ddtree_cli", "bench", "--host", host.target,
-             "--config", str(REPO / "configs/deploy.embedded.yaml"),
-             "--identity", str(host.client_key), "--known-hosts", str(tmp_path / "known_hosts"),
-             "--accept-new-host-key", "--port", str(free_port()), "--json",
-             "--output", str(out), "--trials", "2", "--num-prompts", "5",
-             "--max-new-tokens", "8", "--dataset", "math"],
-            capture_output=True, text=True, timeout=600,
+            [
+                sys.executable,
+                "-m",
+                "ddtree_cli",
+                "bench",
+                "--host",
+                host.target,
+                "--config",
+                str(REPO / "configs/deploy.embedded.yaml"),
+                "--identity",
+                str(host.client_key),
+                "--known-hosts",
+                str(tmp_path / "known_hosts"),
+                "--accept-new-host-key",
+                "--port",
+                str(free_port()),
+                "--json",
+                "--output",
+                str(out),
+                "--trials",
+                "2",
+                "--num-prompts",
+                "5",
+                "--max-new-tokens",
+                "8",
+                "--dataset",
+                "math",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert res.returncode == 0, res.stderr
         summary = json.loads(res.stdout)
@@ -47,7 +71,10 @@ def test_bench_switches_one_host_between_the_arms(tmp_path):
         assert [s["arm"] for s in switches][:2] == ["ddtree", "dflash"]
         assert all(s["status"] in ("deployed", "unchanged") for s in switches)
         # Both arms measured in every trial, on the one host.
-        assert {a: m["requests"] for a, m in summary["arms"].items()} == {"ddtree": 10, "dflash": 10}
+        assert {a: m["requests"] for a, m in summary["arms"].items()} == {
+            "ddtree": 10,
+            "dflash": 10,
+        }
         assert summary["lossless"]["strict"] and summary["lossless"]["compared"] == 10
         assert summary["lossless"]["mismatches"] == []
         active = host.ssh(["systemctl", "is-active", "ddtree-embedded.service"]).stdout

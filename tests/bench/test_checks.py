@@ -7,10 +7,15 @@ from ddtree_cli.bench import fingerprint, lossless
 
 def _info(**over):
     base = {
-        "model_path": "Qwen/Qwen3-8B", "port": 30000, "host": "0.0.0.0", "startup_time": 1.0,
-        "speculative_algorithm": "DFLASH", "disable_overlap_schedule": False,
+        "model_path": "Qwen/Qwen3-8B",
+        "port": 30000,
+        "host": "0.0.0.0",
+        "startup_time": 1.0,
+        "speculative_algorithm": "DFLASH",
+        "disable_overlap_schedule": False,
         "internal_states": [{"avg_spec_accept_length": 3.2}],
-        "gpu": {"name": "H200", "driver": "580"}, "dist_init_port": 5000,
+        "gpu": {"name": "H200", "driver": "580"},
+        "dist_init_port": 5000,
     }
     base.update(over)
     return base
@@ -18,11 +23,17 @@ def _info(**over):
 
 def test_fingerprints_ignore_ports_times_counters_and_the_algorithm():
     a = fingerprint.fingerprint(_info())
-    b = fingerprint.fingerprint(_info(
-        port=30001, startup_time=9.0, speculative_algorithm="DDTREE",
-        speculative_ddtree_budget=15, internal_states=[{"avg_spec_accept_length": 5.0}],
-        dist_init_port=6000, max_total_num_tokens=5188790,
-    ))
+    b = fingerprint.fingerprint(
+        _info(
+            port=30001,
+            startup_time=9.0,
+            speculative_algorithm="DDTREE",
+            speculative_ddtree_budget=15,
+            internal_states=[{"avg_spec_accept_length": 5.0}],
+            dist_init_port=6000,
+            max_total_num_tokens=5188790,
+        )
+    )
     assert fingerprint.compare({"ddtree": b, "dflash": a}) == []
     # The KV pool's size follows from the algorithm's memory, so it is not a confound ...
     c = fingerprint.fingerprint(_info(max_total_num_tokens=6582151))
@@ -35,9 +46,13 @@ def test_fingerprints_ignore_ports_times_counters_and_the_algorithm():
 
 def test_fingerprints_show_every_other_difference_nested_or_missing():
     a = fingerprint.fingerprint(_info())
-    b = fingerprint.fingerprint(_info(
-        disable_overlap_schedule=True, gpu={"name": "H100", "driver": "580"}, extra_flag=1,
-    ))
+    b = fingerprint.fingerprint(
+        _info(
+            disable_overlap_schedule=True,
+            gpu={"name": "H100", "driver": "580"},
+            extra_flag=1,
+        )
+    )
     diffs = {d.key: d.values for d in fingerprint.compare({"ddtree": b, "dflash": a})}
     assert diffs == {
         "disable_overlap_schedule": {"ddtree": True, "dflash": False},
@@ -47,8 +62,14 @@ def test_fingerprints_show_every_other_difference_nested_or_missing():
 
 
 def _rec(arm, pid, ids, trial=1, conc=1, ok=True):
-    return {"arm": arm, "prompt_id": pid, "output_ids": ids, "trial": trial,
-            "concurrency": conc, "ok": ok}
+    return {
+        "arm": arm,
+        "prompt_id": pid,
+        "output_ids": ids,
+        "trial": trial,
+        "concurrency": conc,
+        "ok": ok,
+    }
 
 
 def test_first_difference():
@@ -59,9 +80,12 @@ def test_first_difference():
 
 def test_compare_arms_lists_each_mismatch_with_its_position():
     records = [
-        _rec("a", "p1", [1, 2, 3]), _rec("b", "p1", [1, 2, 3]),
-        _rec("a", "p2", [4, 5, 6]), _rec("b", "p2", [4, 9, 6]),
-        _rec("a", "p3", [7]), _rec("b", "p3", None, ok=False),  # failed: not compared
+        _rec("a", "p1", [1, 2, 3]),
+        _rec("b", "p1", [1, 2, 3]),
+        _rec("a", "p2", [4, 5, 6]),
+        _rec("b", "p2", [4, 9, 6]),
+        _rec("a", "p3", [7]),
+        _rec("b", "p3", None, ok=False),  # failed: not compared
     ]
     res = lossless.compare_arms(records, "a", "b", strict=True)
     assert res.compared == 2

@@ -37,8 +37,9 @@ def test_stream_counts_tokens_per_chunk_and_reads_the_final_meta_info():
     assert len(ids) == 5  # four data chunks and [DONE]
     assert res.final["meta_info"]["spec_verify_ct"] == 4
     assert len(res.output_ids) == 10
-    rec = request_record(res, arm="a", concurrency=1, trial=1, prompt_id="p", index=0,
-                         pass_start=res.start)
+    rec = request_record(
+        res, arm="a", concurrency=1, trial=1, prompt_id="p", index=0, pass_start=res.start
+    )
     assert rec["chunk_tokens"] == [3, 3, 3, 1]
     assert rec["accept_length"] == 2.5
     assert len(rec["itl_ms"]) == 3
@@ -56,8 +57,9 @@ def test_keep_alive_connection_is_reused():
 
 def test_http_error_and_refused_connection_are_results_not_exceptions():
     async def go(ep, emitter):
-        return await ep.stream_generate({"text": "x", "sampling_params": {"max_new_tokens": 0}},
-                                        timeout=5)
+        return await ep.stream_generate(
+            {"text": "x", "sampling_params": {"max_new_tokens": 0}}, timeout=5
+        )
 
     res = _run(_with_emitter(EmitterConfig(), go))
     assert not res.ok and res.error.startswith("HTTP 400")
@@ -82,9 +84,11 @@ def _sse_response(events: list[bytes], crlf: bool = False, per_event: bool = Fal
     body = b"".join(e + sep for e in events)
     # One chunk per event (as SGLang sends), or odd sizes so that frames and events
     # straddle chunk boundaries.
-    pieces = [e + sep for e in events] if per_event else [
-        body[i : i + 7] for i in range(0, len(body), 7)
-    ]
+    pieces = (
+        [e + sep for e in events]
+        if per_event
+        else [body[i : i + 7] for i in range(0, len(body), 7)]
+    )
     chunks = b""
     for piece in pieces:
         chunks += f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
@@ -113,14 +117,21 @@ def _feed_bytewise(
 
 
 def _event(ids, ct, **meta):
-    return b"data: " + json.dumps(
-        {"text": "t" * ct, "output_ids": ids, "meta_info": {"completion_tokens": ct, **meta}}
-    ).encode()
+    return (
+        b"data: "
+        + json.dumps(
+            {"text": "t" * ct, "output_ids": ids, "meta_info": {"completion_tokens": ct, **meta}}
+        ).encode()
+    )
 
 
 def test_parser_survives_one_byte_reads_and_crlf_events():
-    events = [_event([1], 1), _event([1, 2, 3], 3),
-              _event([1, 2, 3, 4], 4, spec_verify_ct=2), b"data: [DONE]"]
+    events = [
+        _event([1], 1),
+        _event([1, 2, 3], 3),
+        _event([1, 2, 3, 4], 4, spec_verify_ct=2),
+        b"data: [DONE]",
+    ]
     for crlf in (False, True):
         result, sink = _feed_bytewise(_sse_response(events, crlf))
         assert result.chunk_counts == [1, 3, 4]
@@ -128,8 +139,13 @@ def test_parser_survives_one_byte_reads_and_crlf_events():
 
 
 def test_whole_responses_in_one_read_take_the_one_event_per_chunk_path():
-    events = [_event([1], 1), _event([1, 2, 3], 3), b"data: a\ndata: b", _event([1, 2], 4),
-              b"data: [DONE]"]
+    events = [
+        _event([1], 1),
+        _event([1, 2, 3], 3),
+        b"data: a\ndata: b",
+        _event([1, 2], 4),
+        b"data: [DONE]",
+    ]
     raw = _sse_response(events, per_event=True)
     for step in (len(raw), 50):
         result, sink = _feed_bytewise(raw, step=step)

@@ -92,7 +92,9 @@ def test_prompt_guard_and_arm_resolution():
     with pytest.raises(UsageError, match="--host and --config go together"):
         prepare(BenchOptions(host="gpu1"))
     with pytest.raises(UsageError, match="drop --url"):
-        prepare(BenchOptions(host="gpu1", config=Path("deploy.yaml"), urls={"ddtree": "http://h:1"}))
+        prepare(
+            BenchOptions(host="gpu1", config=Path("deploy.yaml"), urls={"ddtree": "http://h:1"})
+        )
 
 
 def test_host_without_config_exits_2_with_one_line():
@@ -101,7 +103,9 @@ def test_host_without_config_exits_2_with_one_line():
 
     res = subprocess.run(
         [sys.executable, "-m", "ddtree_cli", "bench", "--host", "gpu1", "--json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 2, res.stderr
     assert "--host and --config go together" in res.stderr and res.stdout == ""
@@ -116,9 +120,21 @@ def test_an_unreachable_url_is_a_one_line_error_and_writes_nothing(tmp_path):
         port = s.getsockname()[1]
     out = tmp_path / "run"
     res = subprocess.run(
-        [sys.executable, "-m", "ddtree_cli", "bench", "--url", f"ddtree=http://127.0.0.1:{port}",
-         "--baseline", "none", "--output", str(out)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "ddtree_cli",
+            "bench",
+            "--url",
+            f"ddtree=http://127.0.0.1:{port}",
+            "--baseline",
+            "none",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 1
     assert f"arm 'ddtree' at http://127.0.0.1:{port} is not reachable" in res.stderr
@@ -131,7 +147,9 @@ def test_url_options_name_their_arms():
 
     assert _parse_urls(["http://h:1"], "ddtree") == {"ddtree": "http://h:1"}
     assert _parse_urls(["dflash=http://h:2", "ddtree=https://h:3"], "ddtree") == {
-        "dflash": "http://h:2", "ddtree": "https://h:3"}
+        "dflash": "http://h:2",
+        "ddtree": "https://h:3",
+    }
     with pytest.raises(UsageError, match="twice"):
         _parse_urls(["a=http://h:1", "a=http://h:2"], "a")
     with pytest.raises(UsageError, match="expected NAME=http"):

@@ -47,13 +47,25 @@ def silent():
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ddtree_cli", "bench", *args],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
 def test_a_server_that_never_answers_is_named_with_the_option_to_wait_longer(silent, tmp_path):
-    res = bench("--url", f"ddtree={silent.url}", "--algo", "ddtree", "--baseline", "none",
-                "--server-timeout", "3", "--output", str(tmp_path / "run"))
+    res = bench(
+        "--url",
+        f"ddtree={silent.url}",
+        "--algo",
+        "ddtree",
+        "--baseline",
+        "none",
+        "--server-timeout",
+        "3",
+        "--output",
+        str(tmp_path / "run"),
+    )
     assert res.returncode != 0
     assert silent.accepted, "the bench never connected"
     assert f"arm 'ddtree' at {silent.url} is not healthy after" in res.stderr
@@ -66,8 +78,18 @@ def test_a_server_that_never_answers_is_named_with_the_option_to_wait_longer(sil
 def test_a_refused_connection_is_still_a_wrong_url(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as probe:
         port = probe.getsockname()[1]  # closed again below: nothing listens there
-    res = bench("--url", f"ddtree=http://127.0.0.1:{port}", "--algo", "ddtree",
-                "--baseline", "none", "--server-timeout", "60", "--output", str(tmp_path / "r"))
+    res = bench(
+        "--url",
+        f"ddtree=http://127.0.0.1:{port}",
+        "--algo",
+        "ddtree",
+        "--baseline",
+        "none",
+        "--server-timeout",
+        "60",
+        "--output",
+        str(tmp_path / "r"),
+    )
     assert res.returncode != 0
     assert "is not reachable after" in res.stderr
     assert "check the URL" in res.stderr

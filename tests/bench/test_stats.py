@@ -113,7 +113,9 @@ def test_verdict_never_calls_a_straddling_interval_a_win():
     assert verdict(RatioCI(1.3, (1.1, 1.5), 5), higher_is_better=True, better="w", worse="l") == "w"
     assert verdict(RatioCI(0.8, (0.7, 0.9), 5), higher_is_better=True, better="w", worse="l") == "l"
     # Lower is better (latency): a ratio below 1 is the better outcome.
-    assert verdict(RatioCI(0.8, (0.7, 0.9), 5), higher_is_better=False, better="w", worse="l") == "w"
+    assert (
+        verdict(RatioCI(0.8, (0.7, 0.9), 5), higher_is_better=False, better="w", worse="l") == "w"
+    )
     nan = RatioCI(math.inf, (math.nan, math.nan), 1)
     assert verdict(nan, higher_is_better=True, better="w", worse="l") == NO_CLEAR_DIFFERENCE
 
@@ -129,4 +131,3 @@ def test_percentiles_mean_and_noise():
     assert bootstrap_mean_ci([5.0]) is None
     lo, hi = bootstrap_mean_ci([4.0, 6.0, 5.0, 5.0])
     assert 4.0 <= lo <= 5.0 <= hi <= 6.0
-

@@ -34,8 +34,10 @@ def test_random_prompts_are_words_and_reproducible():
 def test_jsonl_with_text_and_input_ids(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text(
-        json.dumps({"id": "a", "prompt": "hello"}) + "\n\n"
-        + json.dumps({"input_ids": [1, 2, 3]}) + "\n"
+        json.dumps({"id": "a", "prompt": "hello"})
+        + "\n\n"
+        + json.dumps({"input_ids": [1, 2, 3]})
+        + "\n"
     )
     prompts = load_file(path)
     assert prompts[0].payload() == {"text": "hello"}
@@ -44,11 +46,26 @@ def test_jsonl_with_text_and_input_ids(tmp_path):
 
 def test_sharegpt_takes_the_first_human_turn_and_skips_empty_records(tmp_path):
     path = tmp_path / "sg.json"
-    path.write_text(json.dumps([
-        {"id": "x", "conversations": [{"from": "human", "value": "Q1"}, {"from": "gpt", "value": "A"}]},
-        {"conversations": [{"from": "gpt", "value": "only an answer"}]},
-        {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "Q2"}]},
-    ]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "x",
+                    "conversations": [
+                        {"from": "human", "value": "Q1"},
+                        {"from": "gpt", "value": "A"},
+                    ],
+                },
+                {"conversations": [{"from": "gpt", "value": "only an answer"}]},
+                {
+                    "conversations": [
+                        {"from": "system", "value": "s"},
+                        {"from": "human", "value": "Q2"},
+                    ]
+                },
+            ]
+        )
+    )
     assert [p.text for p in load_file(path)] == ["Q1", "Q2"]
 
 

@@ -147,7 +147,9 @@ def test_doctor_json_on_this_machine(plain):
     assert proc.returncode in (0, 5), proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] is (proc.returncode == 0)
-    assert report["checks"] and {"host", "id", "status", "detail", "fix"} <= set(report["checks"][0])
+    assert report["checks"] and {"host", "id", "status", "detail", "fix"} <= set(
+        report["checks"][0]
+    )
 
 
 def test_bench_client_without_matplotlib_writes_json_and_markdown(plain):

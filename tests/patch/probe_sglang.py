@@ -727,7 +727,9 @@ if V2:
     from sglang.srt.arg_groups.speculative_hook import _handle_dflash  # noqa: E402
     from sglang.srt.speculative import dflash_info  # noqa: E402
 
-    WORKER_HAS_KV_PLAN = "kv_loc_plan" in {f.name for f in dataclasses.fields(dflash_info.DFlashVerifyInput)}
+    WORKER_HAS_KV_PLAN = "kv_loc_plan" in {
+        f.name for f in dataclasses.fields(dflash_info.DFlashVerifyInput)
+    }
     if WORKER_HAS_KV_PLAN:
         from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator  # noqa: E402
     from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402

@@ -134,4 +134,3 @@ def venv_python(version: str) -> Path:
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
         require(False, f"cannot build the SGLang {version} CPU venv: {exc}")
         raise  # require() raises; this keeps type checkers and readers sure of it
-

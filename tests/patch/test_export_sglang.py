@@ -36,7 +36,9 @@ def _probe(pristine_root, work, pair, export, small: ModelPair | None = None) ->
     save_file({"logits": full_forward(pair, IDS).contiguous()}, str(work / "logits.safetensors"))
     extra = []
     if small is not None:
-        save_file({"logits": full_forward(small, IDS).contiguous()}, str(work / "small.safetensors"))
+        save_file(
+            {"logits": full_forward(small, IDS).contiguous()}, str(work / "small.safetensors")
+        )
         extra = [str(work / "small.safetensors")]
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},

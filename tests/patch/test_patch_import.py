@@ -243,9 +243,7 @@ def test_budgets_apart_from_the_drafter_block(probe):
         assert "--speculative-ddtree-budget must be between 1 and" in budgets[bad]["error"]
 
 
-@pytest.mark.parametrize(
-    "probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True
-)
+@pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True)
 def test_each_runner_gets_its_width_v2(probe):
     """v2, with the resolved arguments published: the target runner is sized (graphs,
     logits rows, warmup dummy with the tree mask) at budget + 1, the draft runner at its

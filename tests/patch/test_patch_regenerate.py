@@ -26,9 +26,7 @@ def _work(pristine_root, tmp_path, version):
     return work
 
 
-def test_a_release_with_a_known_series_files_is_recorded_under_that_series(
-    pristine_root, tmp_path
-):
+def test_a_release_with_a_known_series_files_is_recorded_under_that_series(pristine_root, tmp_path):
     table, out = _table(tmp_path), tmp_path / "series-out"
     where, todo = regenerate.regenerate(
         "0.5.13.post1", _work(pristine_root, tmp_path, "0.5.13.post1"), out=out, table=table
@@ -77,9 +75,7 @@ def test_a_finished_tree_gives_back_the_shipped_series(pristine_root, tmp_path):
     engine.apply(snapshot.detect(edited))
     shutil.rmtree(edited / ".ddtree")
     out = tmp_path / "series-out"
-    where, todo = regenerate.regenerate(
-        "0.5.17", work, edited, out=out, table=_table(tmp_path)
-    )
+    where, todo = regenerate.regenerate("0.5.17", work, edited, out=out, table=_table(tmp_path))
     assert todo == [] and where == out
     shipped = series.series_dir_on_disk("0.5.17")
     for name in ("release.patch", "series.json"):

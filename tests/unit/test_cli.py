@@ -69,7 +69,10 @@ def test_long_error_stays_one_line_on_a_pipe():
         "entry.main([])\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 1
@@ -81,10 +84,14 @@ def test_long_error_stays_one_line_on_a_pipe():
     "argv, message",
     [
         (["patch", "--check", "--revert", "."], "cannot be combined"),
-        (["deploy", "--config", "configs/deploy.embedded.yaml", "--status", "--rollback"],
-         "are exclusive"),
-        (["deploy", "--config", "configs/deploy.embedded.yaml", "--group", "g"],
-         "--group needs --inventory"),
+        (
+            ["deploy", "--config", "configs/deploy.embedded.yaml", "--status", "--rollback"],
+            "are exclusive",
+        ),
+        (
+            ["deploy", "--config", "configs/deploy.embedded.yaml", "--group", "g"],
+            "--group needs --inventory",
+        ),
         (["doctor", "--group", "g"], "--group needs --inventory"),
         (["bench", "--url", "gpu1:30000"], "expected NAME=http://HOST:PORT"),
         (["bench", "--concurrency", "1,x"], "expected integers"),

@@ -414,6 +414,7 @@ def test_validation_serves_one_ddtree_per_budget_beside_plain_and_dflash(tmp_pat
     ports = [port for port, _ in servers.values()]
     assert ports == [run.PORTS["plain"] + i for i in range(4)]
     assert ports[:3] == [run.PORTS["plain"], run.PORTS["dflash"], run.PORTS["ddtree"]]
+
     def masked(cmd, port):
         return ["PORT" if a == str(port) else a for a in cmd]
 

@@ -32,16 +32,25 @@ REMOTE_DIR = "/opt/ddtree/embedded"
 
 
 def ddtree(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddtree_cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "COLUMNS": "300"})
+    return subprocess.run(
+        [sys.executable, "-m", "ddtree_cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "300"},
+    )
 
 
 def generate(url: str, tokens: int = 16) -> dict:
-    body = json.dumps({"text": "Hello", "sampling_params": {"max_new_tokens": tokens,
-                                                             "temperature": 0,
-                                                             "ignore_eos": True}}).encode()
-    request = urllib.request.Request(url + "/generate", data=body,
-                                     headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "text": "Hello",
+            "sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True},
+        }
+    ).encode()
+    request = urllib.request.Request(
+        url + "/generate", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())
 
@@ -57,25 +66,45 @@ class Site:
         self.tmp = tmp
         # A private copy of the source, so that tests can change a file.
         self.source = tmp / "src"
-        shutil.copytree(REPO / "ddtree_cli", self.source / "ddtree_cli",
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            REPO / "ddtree_cli",
+            self.source / "ddtree_cli",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
 
     def config(self, name: str = "copy", **launch) -> Path:
         text = EMBEDDED.read_text().replace("path: ..", f"path: {self.source}")
         if launch:
             start = text.index("launch:")
             end = text.index("canary:")
-            text = text[:start] + "launch:\n" + "".join(
-                f"  {k}: {json.dumps(v)}\n" for k, v in launch.items()) + "\n" + text[end:]
+            text = (
+                text[:start]
+                + "launch:\n"
+                + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in launch.items())
+                + "\n"
+                + text[end:]
+            )
         path = self.tmp / f"{name}.yaml"
         path.write_text(text)
         return path
 
     def deploy(self, *extra: str, config: Path | None = None) -> tuple[int, dict, str]:
-        proc = ddtree("deploy", "--host", self.host.target, "--identity", str(self.host.client_key),
-                      "--known-hosts", str(self.known_hosts), "--accept-new-host-key",
-                      "--config", str(config or self.config()), "--port", str(self.port),
-                      "--json", *extra)
+        proc = ddtree(
+            "deploy",
+            "--host",
+            self.host.target,
+            "--identity",
+            str(self.host.client_key),
+            "--known-hosts",
+            str(self.known_hosts),
+            "--accept-new-host-key",
+            "--config",
+            str(config or self.config()),
+            "--port",
+            str(self.port),
+            "--json",
+            *extra,
+        )
         assert proc.stdout.strip(), proc.stderr
         return proc.returncode, json.loads(proc.stdout), proc.stderr
 
@@ -86,8 +115,9 @@ class Site:
         return Path(self.remote("readlink", f"{REMOTE_DIR}/current")).name
 
     def main_pid(self) -> str:
-        return self.remote("systemctl", "show", "-p", "MainPID", "--value",
-                           "ddtree-embedded.service")
+        return self.remote(
+            "systemctl", "show", "-p", "MainPID", "--value", "ddtree-embedded.service"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +135,13 @@ def test_deploy_embedded_engine_is_active_and_answers_generate(site):
     assert report["status"] == "deployed"
     assert report["url"] == f"http://127.0.0.1:{site.port}"
     assert report["uploaded_files"] > 20 and report["linked_files"] == 0
-    assert {row["check"] for row in report["preflight"]} >= {"python.version", "torch.installed",
-                                                             "disk.free", "systemd", "port.free"}
+    assert {row["check"] for row in report["preflight"]} >= {
+        "python.version",
+        "torch.installed",
+        "disk.free",
+        "systemd",
+        "port.free",
+    }
     assert site.remote("systemctl", "is-active", "ddtree-embedded.service") == "active"
     unit = site.remote("cat", "/etc/systemd/system/ddtree-embedded.service")
     assert "Type=exec" in unit and "KillMode=control-group" in unit
@@ -142,31 +177,48 @@ def test_one_changed_file_uploads_one_file(site):
     assert report["uploaded_files"] == 1
     assert report["linked_files"] > 20
     assert site.current() == report["release"] != before
-    assert site.remote("tail", "-n1", f"{REMOTE_DIR}/current/ddtree_cli/remote/__init__.py") == \
-        "# changed by the deploy test"
+    assert (
+        site.remote("tail", "-n1", f"{REMOTE_DIR}/current/ddtree_cli/remote/__init__.py")
+        == "# changed by the deploy test"
+    )
     assert generate(report["url"])["meta_info"]["completion_tokens"] == 16
 
 
 def test_dry_run_shows_file_and_unit_diff_and_changes_nothing(site):
     before = site.current()
-    config = site.config("dryrun", kind="embedded", algo="dflash",
-                         args=["--max-running-requests", "4", "--context-length", "512"])
+    config = site.config(
+        "dryrun",
+        kind="embedded",
+        algo="dflash",
+        args=["--max-running-requests", "4", "--context-length", "512"],
+    )
     code, out, err = site.deploy("--dry-run", config=config)
     assert code == 0, err
     (report,) = out["hosts"]
     assert report["status"] == "dry_run"
     assert report["file_diff"] == {"added": [], "changed": [], "removed": []}
-    assert "-ExecStart=/opt/ddtree/venv/bin/python -m ddtree_cli serve --algo ddtree" in \
-        report["unit_diff"]
-    assert "+ExecStart=/opt/ddtree/venv/bin/python -m ddtree_cli serve --algo dflash" in \
-        report["unit_diff"]
+    assert (
+        "-ExecStart=/opt/ddtree/venv/bin/python -m ddtree_cli serve --algo ddtree"
+        in report["unit_diff"]
+    )
+    assert (
+        "+ExecStart=/opt/ddtree/venv/bin/python -m ddtree_cli serve --algo dflash"
+        in report["unit_diff"]
+    )
     assert site.current() == before
 
 
 def test_failing_launch_rolls_back_and_old_release_serves(site):
     good = site.current()
-    broken = site.config("broken", kind="command", command=[
-        "{python}", "-c", "import sys; print('boom: weights not found', flush=True); sys.exit(3)"])
+    broken = site.config(
+        "broken",
+        kind="command",
+        command=[
+            "{python}",
+            "-c",
+            "import sys; print('boom: weights not found', flush=True); sys.exit(3)",
+        ],
+    )
     code, out, err = site.deploy(config=broken)
     assert code != 0
     (report,) = out["hosts"]
@@ -186,9 +238,20 @@ def test_status_and_rollback_commands(site):
     assert (report["status"], report["release"]) == ("active", current)
     earlier = report["previous"]
     assert earlier is not None  # the first deploy's release
-    plain = ddtree("deploy", "--host", site.host.target, "--identity", str(site.host.client_key),
-                   "--known-hosts", str(site.known_hosts), "--config", str(site.config()),
-                   "--port", str(site.port), "--status")
+    plain = ddtree(
+        "deploy",
+        "--host",
+        site.host.target,
+        "--identity",
+        str(site.host.client_key),
+        "--known-hosts",
+        str(site.known_hosts),
+        "--config",
+        str(site.config()),
+        "--port",
+        str(site.port),
+        "--status",
+    )
     assert plain.returncode == 0, plain.stderr
     assert "active" in plain.stdout and current in plain.stdout and "{" not in plain.stdout
     code, out, err = site.deploy("--rollback")
@@ -222,13 +285,27 @@ def test_preflight_failure_stops_unless_forced(site):
 def test_non_root_login_with_passwordless_sudo(site):
     target = site.host.add_sudo_user("deployer")
     config = site.config("sudo")
-    text = config.read_text().replace("name: ddtree-embedded", "name: ddtree-sudo").replace(
-        "dir: /opt/ddtree/embedded", "dir: /opt/ddtree/sudo")
+    text = (
+        config.read_text()
+        .replace("name: ddtree-embedded", "name: ddtree-sudo")
+        .replace("dir: /opt/ddtree/embedded", "dir: /opt/ddtree/sudo")
+    )
     config.write_text(text)
     port = free_port()
-    proc = ddtree("deploy", "--host", target, "--identity", str(site.host.client_key),
-                  "--known-hosts", str(site.known_hosts), "--config", str(config),
-                  "--port", str(port), "--json")
+    proc = ddtree(
+        "deploy",
+        "--host",
+        target,
+        "--identity",
+        str(site.host.client_key),
+        "--known-hosts",
+        str(site.known_hosts),
+        "--config",
+        str(config),
+        "--port",
+        str(port),
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     (report,) = json.loads(proc.stdout)["hosts"]
     assert report["status"] == "deployed" and report["host"] == target
@@ -261,8 +338,17 @@ def test_two_hosts_in_parallel_and_one_unreachable(site, tmp_path):
             f"identity: {other.client_key}, service_port: {port_b}}}\n"
             f"  c: {{address: 127.0.0.1, port: {dead}, user: root, identity: {other.client_key}}}\n"
         )
-        proc = ddtree("deploy", "--inventory", str(inventory), "--config", str(EMBEDDED),
-                      "--known-hosts", str(known), "--accept-new-host-key", "--json")
+        proc = ddtree(
+            "deploy",
+            "--inventory",
+            str(inventory),
+            "--config",
+            str(EMBEDDED),
+            "--known-hosts",
+            str(known),
+            "--accept-new-host-key",
+            "--json",
+        )
         assert proc.returncode == 4, proc.stderr
         reports = {r["host"]: r for r in json.loads(proc.stdout)["hosts"]}
         assert reports["a"]["status"] in ("deployed", "unchanged")  # a already runs it

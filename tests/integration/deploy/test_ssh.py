@@ -14,8 +14,9 @@ pytestmark = pytest.mark.nspawn
 
 def test_run_argv_stdin_and_sftp(testhost, tmp_path):
     known = tmp_path / "known_hosts"
-    with connect(testhost.target, identity=testhost.client_key, accept_new_host_key=True,
-                 known_hosts=known) as conn:
+    with connect(
+        testhost.target, identity=testhost.client_key, accept_new_host_key=True, known_hosts=known
+    ) as conn:
         # Arguments with spaces and quotes survive as single words.
         result = conn.run(["printf", "%s|", "a b", "it's", "$HOME"])
         assert result.ok and result.stdout == "a b|it's|$HOME|"
@@ -47,14 +48,19 @@ def test_unknown_host_key_refused_without_accept_new(testhost, tmp_path):
 def test_changed_host_key_refused_naming_file_and_line(testhost, tmp_path):
     known = tmp_path / "known_hosts"
     known.write_text("# comment\nother.example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBx\n")
-    connect(testhost.target, identity=testhost.client_key, accept_new_host_key=True,
-            known_hosts=known).close()
+    connect(
+        testhost.target, identity=testhost.client_key, accept_new_host_key=True, known_hosts=known
+    ).close()
     testhost.regenerate_host_keys()
     before = known.read_text()
     for accept in (False, True):  # accept-new never overrides a changed key
         with pytest.raises(RemoteError, match=rf"CHANGED.*{known}:3 holds a different key"):
-            connect(testhost.target, identity=testhost.client_key, known_hosts=known,
-                    accept_new_host_key=accept)
+            connect(
+                testhost.target,
+                identity=testhost.client_key,
+                known_hosts=known,
+                accept_new_host_key=accept,
+            )
     assert known.read_text() == before
 
 
@@ -62,8 +68,9 @@ def test_auth_failure_and_unreachable_are_one_line(testhost, tmp_path):
     import subprocess
 
     other_key = tmp_path / "other"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)],
-                   check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True
+    )
     known = tmp_path / "known_hosts"
     known.write_text(testhost.known_hosts_line)
     with pytest.raises(RemoteError, match="authentication failed for root@"):
@@ -90,7 +97,8 @@ def test_ssh_config_alias_and_proxyjump(testhost_factory, tmp_path):
     )
     with connect("gpu-behind", ssh_config=config, known_hosts=known) as conn:
         assert conn.run(["cat", "/etc/ssh/sshd_config.d/10-testhost.conf"]).stdout.startswith(
-            f"Port {target.ssh_port}\n")
+            f"Port {target.ssh_port}\n"
+        )
         assert conn.user == "root" and conn.port == target.ssh_port
     # Proof that the session went through the jump host: forbid forwarding there.
     (jump.root / "etc/ssh/sshd_config.d/05-nofwd.conf").write_text("AllowTcpForwarding no\n")

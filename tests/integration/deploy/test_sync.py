@@ -60,8 +60,13 @@ def make_tree(root: Path, files: int, size: int, seed: bytes) -> None:
 
 
 def remote_sha(host, path: str) -> dict[str, str]:
-    out = host.ssh(["sh", "-c", f"cd {path} && find . -path ./.ddtree -prune -o -type f "
-                    "-print0 | xargs -0 sha256sum"]).stdout.decode()
+    out = host.ssh(
+        [
+            "sh",
+            "-c",
+            f"cd {path} && find . -path ./.ddtree -prune -o -type f -print0 | xargs -0 sha256sum",
+        ]
+    ).stdout.decode()
     return {line.split(None, 1)[1][2:]: line.split()[0] for line in out.splitlines()}
 
 
@@ -73,8 +78,9 @@ def test_connection_killed_mid_sync_leaves_current_and_rerun_converges(testhost,
     make_tree(src_b, 200, 50_000, b"b")  # 10 MB, all new: goes as a tar stream
     manifest_a, manifest_b = scan(src_a), scan(src_b)
 
-    with connect(testhost.target, identity=testhost.client_key, known_hosts=known,
-                 accept_new_host_key=True) as conn:
+    with connect(
+        testhost.target, identity=testhost.client_key, known_hosts=known, accept_new_host_key=True
+    ) as conn:
         releases = Releases(conn, base)
         a = sync(conn, releases, src_a, manifest_a)
         releases.switch(a.release, 3)
@@ -83,16 +89,22 @@ def test_connection_killed_mid_sync_leaves_current_and_rerun_converges(testhost,
 
     proxy = CuttingProxy(testhost.ssh_port, limit=3_000_000)
     known_proxy = tmp_path / "known_proxy"
-    known_proxy.write_text(testhost.known_hosts_line.replace(
-        f"]:{testhost.ssh_port} ", f"]:{proxy.port} "))
-    with pytest.raises(RemoteError, match="connection lost|failed"), \
-            connect(f"root@127.0.0.1:{proxy.port}", identity=testhost.client_key,
-                    known_hosts=known_proxy) as conn:
+    known_proxy.write_text(
+        testhost.known_hosts_line.replace(f"]:{testhost.ssh_port} ", f"]:{proxy.port} ")
+    )
+    with (
+        pytest.raises(RemoteError, match="connection lost|failed"),
+        connect(
+            f"root@127.0.0.1:{proxy.port}", identity=testhost.client_key, known_hosts=known_proxy
+        ) as conn,
+    ):
         sync(conn, Releases(conn, base), src_b, manifest_b)
     assert proxy.sent > 3_000_000  # it really died mid-upload
     # The running release is untouched; the half upload sits in a staging folder only.
-    assert testhost.ssh(["readlink", f"{base}/current"]).stdout.decode().strip() == \
-        f"releases/{a.release}"
+    assert (
+        testhost.ssh(["readlink", f"{base}/current"]).stdout.decode().strip()
+        == f"releases/{a.release}"
+    )
     assert remote_sha(testhost, f"{base}/current") == files_a
     leftovers = testhost.ssh(["ls", "-A", f"{base}/releases"]).stdout.decode().split()
     assert any(name.startswith(".staging-") for name in leftovers)
@@ -115,8 +127,9 @@ def test_unchanged_files_are_hard_linked_and_old_releases_pruned(testhost, tmp_p
     src = tmp_path / "src"
     make_tree(src, 20, 1000, b"x")
     ids = []
-    with connect(testhost.target, identity=testhost.client_key, known_hosts=known,
-                 accept_new_host_key=True) as conn:
+    with connect(
+        testhost.target, identity=testhost.client_key, known_hosts=known, accept_new_host_key=True
+    ) as conn:
         releases = Releases(conn, base)
         for round_ in range(4):
             (src / "pkg0" / "f0.bin").write_bytes(b"round %d" % round_)

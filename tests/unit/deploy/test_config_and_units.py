@@ -59,12 +59,17 @@ def test_unit_has_the_options_gpu_servers_need():
     cfg = load_deploy_config(SGLANG_CFG)
     host = HostSpec("gpu1", gpus=("GPU-aaaa", "GPU-bbbb"), service_port=31000)
     unit = render_unit(cfg, host, "ddtree", "/opt/sglang/venv/bin/python")
-    for line in ("Type=exec", "TimeoutStartSec=1800", "Restart=on-failure",
-                 "KillMode=control-group", "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID",
-                 "Environment=CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb",
-                 "EnvironmentFile=/etc/ddtree/sglang-ddtree.env",
-                 "Environment=PYTHONPATH=/opt/sglang/ddtree/current",
-                 "WorkingDirectory=/opt/sglang/ddtree/current"):
+    for line in (
+        "Type=exec",
+        "TimeoutStartSec=1800",
+        "Restart=on-failure",
+        "KillMode=control-group",
+        "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        "Environment=CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb",
+        "EnvironmentFile=/etc/ddtree/sglang-ddtree.env",
+        "Environment=PYTHONPATH=/opt/sglang/ddtree/current",
+        "WorkingDirectory=/opt/sglang/ddtree/current",
+    ):
         assert line in unit.splitlines(), line
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
     assert exec_start.startswith("ExecStart=/opt/sglang/venv/bin/python -m sglang.launch_server")
@@ -83,48 +88,82 @@ def test_secrets_go_to_env_file_and_are_redacted():
 
 
 def test_systemd_quoting_of_awkward_arguments(tmp_path):
-    cfg = load_deploy_config(write(tmp_path, "d.yaml", """
+    cfg = load_deploy_config(
+        write(
+            tmp_path,
+            "d.yaml",
+            """
 name: q
 remote: {python: /usr/bin/python3}
 launch:
   kind: command
   command: ["{python}", "-c", "print('a b'); x = '100%' + \\"$HOME\\"", "--port", "{port}"]
-"""))
+""",
+        )
+    )
     unit = render_unit(cfg, HostSpec("h"), "ddtree", "/usr/bin/python3")
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    assert exec_start == ('ExecStart=/usr/bin/python3 -c "print(\'a b\'); x = \'100%%\' + '
-                          '\\"$$HOME\\"" --port 30000')
+    assert exec_start == (
+        "ExecStart=/usr/bin/python3 -c \"print('a b'); x = '100%%' + \\\"$$HOME\\\"\" --port 30000"
+    )
     assert not cfg.speculative
 
 
 def test_multinode_and_router_rendering():
     cfg = load_deploy_config(SGLANG_CFG)
-    ranks = [launch_argv(cfg, HostSpec(f"gpu{r}"), "ddtree", "/p", NodeRole(r, 2, "10.0.0.11:5000"))
-             for r in range(2)]
+    ranks = [
+        launch_argv(cfg, HostSpec(f"gpu{r}"), "ddtree", "/p", NodeRole(r, 2, "10.0.0.11:5000"))
+        for r in range(2)
+    ]
     for rank, argv in enumerate(ranks):
         text = " ".join(argv)
         assert f"--nnodes 2 --node-rank {rank} --dist-init-addr 10.0.0.11:5000" in text
     from ddtree_cli.deploy.config import RouterConfig
 
-    unit = render_router_unit(cfg, RouterConfig(host="gpu1", port=30080),
-                              ["http://10.0.0.11:30000", "http://10.0.0.12:30000"], "/p")
-    assert ("ExecStart=/p -m sglang_router.launch_router --worker-urls http://10.0.0.11:30000 "
-            "http://10.0.0.12:30000 --policy cache_aware --host 0.0.0.0 --port 30080") in unit
+    unit = render_router_unit(
+        cfg,
+        RouterConfig(host="gpu1", port=30080),
+        ["http://10.0.0.11:30000", "http://10.0.0.12:30000"],
+        "/p",
+    )
+    assert (
+        "ExecStart=/p -m sglang_router.launch_router --worker-urls http://10.0.0.11:30000 "
+        "http://10.0.0.12:30000 --policy cache_aware --host 0.0.0.0 --port 30080"
+    ) in unit
 
 
-@pytest.mark.parametrize(("text", "line", "message"), [
-    ("name: x\nremote:\n  python: /p\nlaunch:\n  kind: magic\n", 5, "launch.kind must be one of"),
-    ("name: x\nremote:\n  python: /p\n  keep_releases: 1\nlaunch: {kind: embedded}\n", 4,
-     "keep_releases"),
-    ("name: x\nremote: {python: /p}\nlaunch: {kind: embedded}\nserver:\n  port: 70000\n", 5,
-     "port"),
-    ("name: x\nremote: {python: /p}\nlaunch: {kind: embedded}\nbogus: 1\n", 4, "unknown key"),
-    ("name: x\nremote: {python: /p}\nlaunch:\n  kind: embedded\n  args: [--port, '1']\n", 5,
-     "--port"),
-    ("name: x\nremote:\n  python: [/p\n", 4, "invalid YAML"),
-    ("name: x\nremote: {python: /p}\nserver:\n  gpus: ['0']\nlaunch: {kind: embedded}\n", 4,
-     "UUID"),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        (
+            "name: x\nremote:\n  python: /p\nlaunch:\n  kind: magic\n",
+            5,
+            "launch.kind must be one of",
+        ),
+        (
+            "name: x\nremote:\n  python: /p\n  keep_releases: 1\nlaunch: {kind: embedded}\n",
+            4,
+            "keep_releases",
+        ),
+        (
+            "name: x\nremote: {python: /p}\nlaunch: {kind: embedded}\nserver:\n  port: 70000\n",
+            5,
+            "port",
+        ),
+        ("name: x\nremote: {python: /p}\nlaunch: {kind: embedded}\nbogus: 1\n", 4, "unknown key"),
+        (
+            "name: x\nremote: {python: /p}\nlaunch:\n  kind: embedded\n  args: [--port, '1']\n",
+            5,
+            "--port",
+        ),
+        ("name: x\nremote:\n  python: [/p\n", 4, "invalid YAML"),
+        (
+            "name: x\nremote: {python: /p}\nserver:\n  gpus: ['0']\nlaunch: {kind: embedded}\n",
+            4,
+            "UUID",
+        ),
+    ],
+)
 def test_config_errors_name_file_and_line(tmp_path, text, line, message):
     path = write(tmp_path, "deploy.yaml", text)
     with pytest.raises(ConfigError) as info:
@@ -133,13 +172,16 @@ def test_config_errors_name_file_and_line(tmp_path, text, line, message):
     assert message in str(info.value)
 
 
-@pytest.mark.parametrize(("text", "line", "message"), [
-    ("hosts:\n  a: {address: x}\n  b:\n    port: nope\n", 4, "hosts.b.port must be an integer"),
-    ("hosts:\n  a: {address: x}\ngroups:\n  g:\n    - a\n    - zz\n", 6, "unknown host 'zz'"),
-    ("hosts:\n  a: {address: x\n  b: {}\n", 3, "invalid YAML"),
-    ("hosts:\n  a: {address: x, colour: red}\n", 2, "unknown key 'hosts.a.colour'"),
-    ("hosts:\n  a: x\n  a: y\n", 3, "duplicate key"),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("hosts:\n  a: {address: x}\n  b:\n    port: nope\n", 4, "hosts.b.port must be an integer"),
+        ("hosts:\n  a: {address: x}\ngroups:\n  g:\n    - a\n    - zz\n", 6, "unknown host 'zz'"),
+        ("hosts:\n  a: {address: x\n  b: {}\n", 3, "invalid YAML"),
+        ("hosts:\n  a: {address: x, colour: red}\n", 2, "unknown key 'hosts.a.colour'"),
+        ("hosts:\n  a: x\n  a: y\n", 3, "duplicate key"),
+    ],
+)
 def test_inventory_errors_name_file_and_line(tmp_path, text, line, message):
     path = write(tmp_path, "hosts.yaml", text)
     with pytest.raises(ConfigError) as info:
@@ -151,9 +193,21 @@ def test_inventory_errors_name_file_and_line(tmp_path, text, line, message):
 def test_cli_broken_inventory_is_one_line_with_file_and_line(tmp_path):
     inv = write(tmp_path, "hosts.yaml", "hosts:\n  gpu1:\n    address: 10.0.0.1\n    port: [22\n")
     result = subprocess.run(
-        [sys.executable, "-m", "ddtree_cli", "deploy", "--config",
-         str(REPO / "configs/deploy.embedded.yaml"), "--inventory", str(inv), "--json"],
-        capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"})
+        [
+            sys.executable,
+            "-m",
+            "ddtree_cli",
+            "deploy",
+            "--config",
+            str(REPO / "configs/deploy.embedded.yaml"),
+            "--inventory",
+            str(inv),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "400"},
+    )
     assert result.returncode == 3
     assert result.stdout == ""
     assert re.search(rf"{re.escape(str(inv))}:\d+: invalid YAML.*at line 4\)", result.stderr)
@@ -172,7 +226,8 @@ def test_reading_a_deploy_config_and_an_inventory_loads_no_ssh_library():
         "render_unit(cfg, HostSpec('gpu1'), 'ddtree', '/usr/bin/python3')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('paramiko', 'cryptography')))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

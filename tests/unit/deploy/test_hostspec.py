@@ -57,9 +57,18 @@ def test_known_hosts_plain_hashed_and_bracketed(tmp_path):
 def test_scan_skips_caches_vcs_and_secrets(tmp_path):
     from ddtree_cli.deploy.sync import diff_manifests, release_id, scan
 
-    for rel in ("pkg/a.py", "pkg/__pycache__/a.cpython-311.pyc", ".git/config", ".env",
-                "pkg/.env.local", "deploy/server.pem", ".ddtree/state", "pkg/tool.sh",
-                "keys/id_ed25519", "pkg/data.bin"):
+    for rel in (
+        "pkg/a.py",
+        "pkg/__pycache__/a.cpython-311.pyc",
+        ".git/config",
+        ".env",
+        "pkg/.env.local",
+        "deploy/server.pem",
+        ".ddtree/state",
+        "pkg/tool.sh",
+        "keys/id_ed25519",
+        "pkg/data.bin",
+    ):
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(rel.encode())

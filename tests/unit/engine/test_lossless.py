@@ -101,7 +101,8 @@ def test_greedy_rows_stay_exact_next_to_sampled_rows():
     engine = Engine(PAIR, "ddtree", budget=15, max_batch=6, context_len=256)
     engine.draft_hook = PeakedDraftHook(REFS, (0.8, 0.2, 0.0))
     seqs = [
-        RequestState(p, MAX_NEW, temperature=0.0 if i % 2 else 1.0) for i, p in enumerate(PROMPTS[:6])
+        RequestState(p, MAX_NEW, temperature=0.0 if i % 2 else 1.0)
+        for i, p in enumerate(PROMPTS[:6])
     ]
     for s in seqs:
         engine.add(s)

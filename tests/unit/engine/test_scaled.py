@@ -102,9 +102,13 @@ def test_matmul_operands_hold_almost_no_exact_zeros(pairs):
     def hook(name):
         def record(_module, args):
             seen[name] = max(seen.get(name, 0.0), float((args[0] == 0).float().mean()))
+
         return record
 
-    modules = [*big.target.named_modules(), *(("draft." + n, m) for n, m in big.drafter.named_modules())]
+    modules = [
+        *big.target.named_modules(),
+        *(("draft." + n, m) for n, m in big.drafter.named_modules()),
+    ]
     linears = [(n, m) for n, m in modules if isinstance(m, torch.nn.Linear)]
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears]
     try:
