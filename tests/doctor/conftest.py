@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 from pathlib import Path
 
@@ -14,6 +15,18 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def load_facts(name: str) -> dict:
     return copy.deepcopy(json.loads((FIXTURES / f"{name}.json").read_text()))
+
+
+# `ddtree doctor` on an H200 in each state of benchmarks/sglang_h200/doctor_states.sh
+# (fixtures/README.md says when, how and with what).
+H200_STATES = FIXTURES / "h200_sglang_0517"
+
+
+def load_h200_state(state: str, kind: str = "facts") -> dict:
+    """One state's ``--save-facts`` facts of the local host (kind "facts") or its recorded
+    ``doctor --json`` report (kind "doctor"), as written on the H200."""
+    data = json.loads(gzip.decompress((H200_STATES / f"{state}.{kind}.json.gz").read_bytes()))
+    return data["local"] if kind == "facts" else data
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 from ddtree_cli.doctor.cuda_rules import check_cuda_packages, component_cuda_major, torch_own_pins
 from ddtree_cli.doctor.verdict import Status
 
-from .conftest import load_facts
+from .conftest import load_h200_state
 
 METADATA = Path(__file__).parent / "fixtures" / "wheel_metadata"
 LINUX = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64"}
@@ -73,8 +73,13 @@ def stock_stack(torch_version: str) -> tuple[dict[str, str], dict[str, list[str]
 
 
 def facts_for(torch_version: str, cuda: str, with_requires: bool = True) -> dict:
-    """The real H200's facts (fixture h200_sglang_0513) with this torch's stack installed."""
-    facts = load_facts("h200_sglang_0513")
+    """The real H200's facts (SGLang 0.5.17 installed, fixtures/h200_sglang_0517) with its
+    torch 2.11.0 CUDA stack swapped for this torch's."""
+    facts = load_h200_state("installed")
+    h200_stack, h200_requires = stock_stack("2.11.0")
+    facts["packages"] = {n: v for n, v in facts["packages"].items() if n not in h200_stack}
+    for name in h200_requires:
+        facts["requires"].pop(name)
     installed, requires = stock_stack(torch_version)
     facts["packages"] = {**facts["packages"], **installed}
     facts["torch"]["version"], facts["torch"]["cuda"] = installed["torch"], cuda
@@ -86,6 +91,18 @@ def facts_for(torch_version: str, cuda: str, with_requires: bool = True) -> dict
 # torch.version.cuda of each build, from its pins: cuda-toolkit 13.0.x, or nvidia-cuda-runtime-cu12
 # 12.8.90 for 2.9.1 (PyPI's default build of 2.9.1 is cu128).
 STOCK = [("2.11.0", "13.0"), ("2.13.0", "13.0"), ("2.14.1", "13.0"), ("2.9.1", "12.8")]
+
+
+def test_the_h200_holds_the_stack_torch_2_11_metadata_gives():
+    # What `pip install` put on the H200 is what the wheels' METADATA says, pin for pin.
+    facts = load_h200_state("installed")
+    installed, requires = stock_stack("2.11.0")
+    cuda = {n: v for n, v in facts["packages"].items() if n in installed}
+    assert cuda == installed
+    assert {n: facts["requires"][n] for n in requires} == requires
+    verdict = check_cuda_packages(facts)
+    assert verdict.status is Status.PASS, verdict
+    assert verdict.detail.startswith("15 CUDA package(s) all belong to CUDA 13")
 
 
 def test_the_stacks_hold_what_pip_installs():
