@@ -34,52 +34,65 @@ def _f32(x: float) -> float:
 def build_tree(draft_logits: Tensor, budget: int) -> DraftTree:
     """``draft_tree.build_tree(draft_logits, budget)`` for CPU logits ``[b, L, V]``."""
     logprobs, ids = draft_tree.topk_logprobs(draft_logits, budget, use_triton=False)
-    return build_tree_from_topk(logprobs, ids, budget)
+    return _from_sorted(logprobs, ids, budget)
 
 
 def build_tree_from_topk(topk_logprobs: Tensor, topk_ids: Tensor, budget: int) -> DraftTree:
     """``draft_tree.build_tree_from_topk`` on CPU tensors (rows sorted descending)."""
-    b, n_pos, k_in = topk_logprobs.shape
+    lp = topk_logprobs.float().clamp_min(draft_tree.LOGPROB_FLOOR)
+    return _from_sorted(lp, topk_ids, budget)
+
+
+def _from_sorted(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
+    """The trees from float32 log-probabilities already floored at ``LOGPROB_FLOOR``."""
+    b, n_pos, k_in = lp.shape
     budget = max(0, int(budget))
     kk = min(k_in, budget)
     if budget == 0 or n_pos == 0 or kk == 0:
-        return draft_tree.build_tree_from_topk(topk_logprobs, topk_ids, budget, use_triton=False)
-    lp = topk_logprobs[..., :kk].float().clamp_min(draft_tree.LOGPROB_FLOOR).tolist()
-    ids = topk_ids[..., :kk].tolist()
+        return draft_tree.build_tree_from_topk(lp, ids, budget, use_triton=False)
+    lp_rows = lp[..., :kk].tolist()
+    id_rows = ids[..., :kk].tolist()
     n = budget + 1
-    tokens, parents, depths, scores, counts, vis_rows, vis_cols = [], [], [], [], [], [], []
+    # One list per output, filled row by row: a round costs a handful of tensor creations.
+    parents, depths, tokens, scores, counts, visibility = [], [], [], [], [], []
     for r in range(b):
-        nodes = _best_first(lp[r], kk, budget)
+        nodes = _best_first(lp_rows[r], kk, budget)
         # Breadth-first numbering: depth by depth, each depth in pop order.
         nodes.sort(key=lambda node: (node[1], node[3]))
         slot_of = {id(node): i + 1 for i, node in enumerate(nodes)}
-        row_parents, row_depths, row_scores, row_tokens = [-1], [0], [0.0], []
-        ancestors = [[0]]
+        vis_rows = [[True] + [False] * budget]
+        parents.append(-1)
+        depths.append(0)
+        scores.append(0.0)
         for i, (score, depth, rank, _, parent) in enumerate(nodes, 1):
             p = slot_of[id(parent)] if parent is not None else 0
-            row_parents.append(p)
-            row_depths.append(depth)
-            row_scores.append(score)
-            row_tokens.append(ids[r][depth - 1][rank])
-            ancestors.append(ancestors[p] + [i])
+            parents.append(p)
+            depths.append(depth)
+            scores.append(score)
+            tokens.append(id_rows[r][depth - 1][rank])
+            row = vis_rows[p].copy()
+            row[i] = True
+            vis_rows.append(row)
         pad = n - 1 - len(nodes)
-        tokens.append(row_tokens + [0] * pad)
-        parents.append(row_parents + [-1] * pad)
-        depths.append(row_depths + [0] * pad)
-        scores.append(row_scores + [float("-inf")] * pad)
+        parents += [-1] * pad
+        depths += [0] * pad
+        scores += [float("-inf")] * pad
+        tokens += [0] * pad
         counts.append(len(nodes))
-        for i, cols in enumerate(ancestors):
-            vis_rows += [r * n + i] * len(cols)
-            vis_cols += cols
-    visibility = torch.eye(n, dtype=torch.bool).repeat(b, 1, 1)
-    visibility.view(b * n, n)[torch.tensor(vis_rows), torch.tensor(vis_cols)] = True
+        for i in range(len(nodes) + 1, n):
+            vis_rows.append([j == i for j in range(n)])
+        for row in vis_rows:
+            visibility += row
+    # The integer fields are views of one tensor: fewer tensor creations, the same values.
+    ints = torch.tensor(parents + depths + tokens + counts, dtype=torch.int64)
+    bn = b * n
     return DraftTree(
-        tokens=torch.tensor(tokens, dtype=torch.int64).view(b, budget),
-        parents=torch.tensor(parents, dtype=torch.int64),
-        depths=torch.tensor(depths, dtype=torch.int64),
-        visibility=visibility,
-        num_nodes=torch.tensor(counts, dtype=torch.int64),
-        scores=torch.tensor(scores, dtype=torch.float32),
+        tokens=ints[2 * bn : 2 * bn + b * budget].view(b, budget),
+        parents=ints[:bn].view(b, n),
+        depths=ints[bn : 2 * bn].view(b, n),
+        visibility=torch.tensor(visibility, dtype=torch.bool).view(b, n, n),
+        num_nodes=ints[2 * bn + b * budget :],
+        scores=torch.tensor(scores, dtype=torch.float32).view(b, n),
         max_depth=n_pos,
     )
 
@@ -136,8 +149,9 @@ def verify_walk(tree: DraftTree, target_tokens: Tensor) -> WalkResult:
         accepted.append(path + [-1] * (width - len(path)))
         accept_len.append(len(path))
         bonus.append(target[r][path[-1]])
+    flat = torch.tensor([x for row in accepted for x in row] + accept_len + bonus)
     return WalkResult(
-        accepted=torch.tensor(accepted, dtype=torch.int64),
-        accept_len=torch.tensor(accept_len, dtype=torch.int64),
-        bonus=torch.tensor(bonus, dtype=torch.int64),
+        accepted=flat[: b * width].view(b, width),
+        accept_len=flat[b * width : b * width + b],
+        bonus=flat[b * width + b :],
     )
