@@ -178,7 +178,7 @@ def bench(
     ] = False,
     random_input_len: Annotated[int, typer.Option(help="Words per --dataset random prompt.")] = 32,
     model: Annotated[
-        Path | None, typer.Option(help="Embedded engine: model folder (default: random weights).")
+        Path | None, typer.Option(help="Embedded engine: model folder (default: the trained pair).")
     ] = None,
     budget: Annotated[int | None, typer.Option(help="Embedded engine: DDTree budget.")] = None,
     block_size: Annotated[
