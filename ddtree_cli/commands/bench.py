@@ -158,7 +158,9 @@ def bench(
     ] = math.inf,
     trials: Annotated[
         int | None,
-        typer.Option(help="Interleaved trials per arm and concurrency (default: 5 embedded, else 3)."),
+        typer.Option(
+            help="Interleaved trials per arm and concurrency (default: 5 embedded, else 3)."
+        ),
     ] = None,
     warmup: Annotated[int, typer.Option(help="Unrecorded warmup requests per pass.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed for prompt choice and arm order.")] = 0,

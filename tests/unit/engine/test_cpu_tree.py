@@ -38,7 +38,9 @@ def assert_same_walk(tree: draft_tree.DraftTree, target: torch.Tensor) -> None:
 def walk_targets(tree: draft_tree.DraftTree, vocab: int, seed: int) -> list[torch.Tensor]:
     """A random target and one that follows the tree (the token of node i + 1 at node i)."""
     b, n = tree.parents.shape
-    random_target = torch.randint(0, max(vocab, 1), (b, n), generator=torch.Generator().manual_seed(seed))
+    random_target = torch.randint(
+        0, max(vocab, 1), (b, n), generator=torch.Generator().manual_seed(seed)
+    )
     following = torch.cat([tree.tokens, tree.tokens[:, :1]], 1) if tree.budget else random_target
     return [random_target, following]
 
