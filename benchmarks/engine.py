@@ -15,6 +15,7 @@ timed runs are counted in the report. With graphs, the AR reference is also chec
 an eager AR run.
 
     PYTHONPATH=. python benchmarks/engine.py --config small            # CPU
+    PYTHONPATH=. python benchmarks/engine.py --config trained          # CPU, the served pair
     PYTHONPATH=. python benchmarks/engine.py --config bench --device cuda  # ~100M target
 """
 
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ddtree_cli.engine.decoding import Engine, RequestState  # noqa: E402
 from ddtree_cli.engine.model_config import BENCH_DRAFT, BENCH_TARGET  # noqa: E402
 from ddtree_cli.engine.oracle import PeakedDraftHook  # noqa: E402
-from ddtree_cli.engine.weights import random_pair  # noqa: E402
+from ddtree_cli.engine.weights import load_embedded_pair, random_pair  # noqa: E402
 
 SCENARIOS = {"peaked": (1.0, 0.0, 0.0), "noisy": (0.6, 0.3, 0.1)}
 # ~805M parameters: how the tree's fixed overhead compares next to a heavier verify pass.
@@ -90,6 +91,8 @@ def run(args) -> dict:
         pair = random_pair(BENCH_TARGET, BENCH_DRAFT, seed=0)
     elif args.config == "large":
         pair = random_pair(LARGE_TARGET, LARGE_DRAFT, seed=0)
+    elif args.config == "trained":
+        pair = load_embedded_pair()
     else:
         pair = random_pair(seed=0)
     gen = torch.Generator().manual_seed(0)
@@ -239,6 +242,11 @@ def tree_ops(device: torch.device, vocab: int, positions: int, budget: int) -> d
         "verify_walk": lambda: draft_tree.verify_walk(tree, target),
         "argmax_chain (DFlash's equivalent)": lambda: logits.argmax(-1),
     }
+    if device.type == "cpu":
+        from ddtree_cli.engine import cpu_tree  # what the engine runs on the CPU
+
+        ops["cpu_tree.build_tree"] = lambda: cpu_tree.build_tree(logits, budget)
+        ops["cpu_tree.verify_walk"] = lambda: cpu_tree.verify_walk(tree, target)
     out = {}
     for name, fn in ops.items():
         for _ in range(10):
@@ -287,7 +295,7 @@ def table(report: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--config", choices=["small", "bench", "large"], default="small")
+    p.add_argument("--config", choices=["small", "bench", "large", "trained"], default="small")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--scenarios", nargs="+", default=["peaked", "noisy"], choices=list(SCENARIOS))

@@ -15,7 +15,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,19 +43,39 @@ UNREACHABLE_AFTER_S = 5.0  # connection refused for this long: a wrong URL, not 
 ANSWER_TIMEOUT_S = 10.0  # one GET of /health or /server_info
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What a run measures when the options leave it open; it depends on the target."""
+
+    dataset: str
+    min_prompts: int  # and never fewer than PROMPTS_PER_SLOT x the concurrency
+    max_new_tokens: int
+    trials: int
+
+
+# Your servers: a quick look that says nothing about speed; raise everything for real numbers.
+SERVER_WORKLOAD = Workload(dataset="code", min_prompts=5, max_new_tokens=16, trials=3)
+# No --url: the embedded pair on this machine's CPU, as a first run. Its own kind of text
+# (held-out stdlib files), and long enough that acceptance decides, not prefill and HTTP: a
+# request is ~25 DFlash rounds. About a minute on two idle cores; docs/performance.md has the
+# measurements behind these numbers.
+EMBEDDED_WORKLOAD = Workload(dataset="stdlib", min_prompts=16, max_new_tokens=128, trials=5)
+
+
 @dataclass
 class BenchOptions:
     algo: str = "ddtree"
     baseline: str | None = "dflash"
     urls: dict[str, str] = field(default_factory=dict)
     reference: str | None = None
-    dataset: str = "code"
+    # None: from the target's Workload (with_defaults).
+    dataset: str | None = None
     num_prompts: int | None = None
-    max_new_tokens: int = 16
+    max_new_tokens: int | None = None
     temperature: float = 0.0
     concurrency: list[int] = field(default_factory=lambda: [1])
     request_rate: float = math.inf
-    trials: int = 3
+    trials: int | None = None
     warmup: int = 1
     seed: int = 0
     timeout: float = 300.0
@@ -79,6 +99,18 @@ class BenchOptions:
     @property
     def embedded(self) -> bool:
         return not self.urls and not self.host
+
+    def with_defaults(self) -> BenchOptions:
+        """These options with every workload field left open filled in for the target."""
+        w = EMBEDDED_WORKLOAD if self.embedded else SERVER_WORKLOAD
+        need = PROMPTS_PER_SLOT * max(self.concurrency or [1])
+        return replace(
+            self,
+            dataset=w.dataset if self.dataset is None else self.dataset,
+            num_prompts=max(need, w.min_prompts) if self.num_prompts is None else self.num_prompts,
+            max_new_tokens=w.max_new_tokens if self.max_new_tokens is None else self.max_new_tokens,
+            trials=w.trials if self.trials is None else self.trials,
+        )
 
 
 class Reporter(Protocol):
@@ -161,6 +193,7 @@ def resolve_arms(opts: BenchOptions) -> list[str]:
 
 def prepare(opts: BenchOptions) -> tuple[list[str], list[Prompt]]:
     """Validate options and load prompts; raises before anything starts or is written."""
+    opts = opts.with_defaults()
     if opts.trials < 1:
         raise UsageError("--trials must be at least 1")
     if not opts.concurrency or min(opts.concurrency) < 1:
@@ -171,7 +204,7 @@ def prepare(opts: BenchOptions) -> tuple[list[str], list[Prompt]]:
         raise UsageError("--max-error-rate is a fraction between 0 and 1")
     arms = resolve_arms(opts)
     need = PROMPTS_PER_SLOT * max(opts.concurrency)
-    n = opts.num_prompts if opts.num_prompts is not None else max(need, 5)
+    n = opts.num_prompts
     if n < need:
         raise UsageError(
             f"--num-prompts {n} is below {PROMPTS_PER_SLOT} x the concurrency "
@@ -184,6 +217,7 @@ def prepare(opts: BenchOptions) -> tuple[list[str], list[Prompt]]:
 
 def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
     reporter = reporter or QuietReporter()
+    opts = opts.with_defaults()
     arms, prompts = prepare(opts)
     state = RunState(opts, arms, prompts)
     servers: list[ServeProcess] = []

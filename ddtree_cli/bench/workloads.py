@@ -1,4 +1,4 @@
-"""Prompt sets: the built-in code/math/chat sets, JSONL and ShareGPT files, random prompts.
+"""Prompt sets: the built-in code/math/chat/stdlib sets, JSONL and ShareGPT files, random prompts.
 
 Both arms of an A/B get the same list, in the same order: the list depends only on the
 dataset, the number of prompts and the seed.
@@ -14,7 +14,10 @@ from pathlib import Path
 
 from ddtree_cli.errors import ConfigError
 
-BUILTIN = ("code", "math", "chat")
+# code/math/chat: requests as users write them, for real models. stdlib: windows of the
+# Python standard library files the embedded pair was never trained on (its own kind of
+# text; benchmarks/stdlib_prompts.py says how they were cut).
+BUILTIN = ("code", "math", "chat", "stdlib")
 
 # Real-text words for random prompts: acceptance depends on text that looks like text, so
 # random prompts are made of words, not random token ids.

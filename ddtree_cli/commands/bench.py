@@ -132,12 +132,23 @@ def bench(
         typer.Option(help="A plain (non-speculative) server: each arm's divergence from it."),
     ] = None,
     dataset: Annotated[
-        str, typer.Option(help="code, math, chat, random, or a .jsonl / ShareGPT .json file.")
-    ] = "code",
-    num_prompts: Annotated[
-        int | None, typer.Option(help="Prompts per pass (default: 5 x the largest concurrency).")
+        str | None,
+        typer.Option(
+            help="code, math, chat, stdlib, random, or a .jsonl / ShareGPT .json file "
+            "(default: stdlib on the embedded engine, code with --url/--host)."
+        ),
     ] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 16,
+    num_prompts: Annotated[
+        int | None,
+        typer.Option(
+            help="Prompts per pass (default: 16 on the embedded engine, else 5; "
+            "at least 5 x the largest concurrency)."
+        ),
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(help="Output tokens per request (default: 128 embedded, else 16)."),
+    ] = None,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.0,
     concurrency: Annotated[
         str, typer.Option(help="Requests in flight; a list sweeps it, e.g. 1,4,16.")
@@ -145,7 +156,12 @@ def bench(
     request_rate: Annotated[
         float, typer.Option(help="Poisson arrivals per second (inf: as fast as allowed).")
     ] = math.inf,
-    trials: Annotated[int, typer.Option(help="Interleaved trials per arm and concurrency.")] = 3,
+    trials: Annotated[
+        int | None,
+        typer.Option(
+            help="Interleaved trials per arm and concurrency (default: 5 embedded, else 3)."
+        ),
+    ] = None,
     warmup: Annotated[int, typer.Option(help="Unrecorded warmup requests per pass.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed for prompt choice and arm order.")] = 0,
     timeout: Annotated[float, typer.Option(help="Seconds allowed per request.")] = 300.0,
@@ -164,7 +180,7 @@ def bench(
     ] = False,
     random_input_len: Annotated[int, typer.Option(help="Words per --dataset random prompt.")] = 32,
     model: Annotated[
-        Path | None, typer.Option(help="Embedded engine: model folder (default: random weights).")
+        Path | None, typer.Option(help="Embedded engine: model folder (default: the trained pair).")
     ] = None,
     budget: Annotated[int | None, typer.Option(help="Embedded engine: DDTree budget.")] = None,
     block_size: Annotated[

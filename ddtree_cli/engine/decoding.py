@@ -149,8 +149,10 @@ class Engine:
         self._rows = torch.arange(max_batch, device=self.device).unsqueeze(1)
         if algo == "ddtree":
             from ddtree_cli import draft_tree
+            from ddtree_cli.engine import cpu_tree
 
-            self._tree = draft_tree
+            # Same trees and walks; on the CPU the scalar heap skips ~200 tiny tensor ops.
+            self._tree = cpu_tree if self.device.type == "cpu" else draft_tree
             # The ancestor mask is one gather from [visible | visibility | hidden].
             n = self.width
             self._mask_edges = (

@@ -111,6 +111,34 @@ def test_host_without_config_exits_2_with_one_line():
     assert "--host and --config go together" in res.stderr and res.stdout == ""
 
 
+def test_workload_defaults_follow_the_target():
+    embedded = BenchOptions().with_defaults()
+    assert (embedded.dataset, embedded.num_prompts, embedded.max_new_tokens, embedded.trials) == (
+        "stdlib",
+        16,
+        128,
+        5,
+    )
+    _, prompts = prepare(BenchOptions())
+    assert len(prompts) == 16 and all(p.id.startswith("stdlib-") for p in prompts)
+    served = BenchOptions(urls={"ddtree": "http://h:1"}).with_defaults()
+    assert (served.dataset, served.num_prompts, served.max_new_tokens, served.trials) == (
+        "code",
+        5,
+        16,
+        3,
+    )
+    # The steady-state guard still sets the floor; given values always win.
+    assert BenchOptions(concurrency=[1, 8]).with_defaults().num_prompts == 40
+    given = BenchOptions(dataset="chat", num_prompts=7, max_new_tokens=9, trials=2).with_defaults()
+    assert (given.dataset, given.num_prompts, given.max_new_tokens, given.trials) == (
+        "chat",
+        7,
+        9,
+        2,
+    )
+
+
 def test_an_unreachable_url_is_a_one_line_error_and_writes_nothing(tmp_path):
     import subprocess
     import sys
