@@ -108,9 +108,21 @@ def test_an_arm_whose_replicas_differ_is_refused_then_a_dead_replica_is_named(fl
     assert f"{url['dflash-1']}=16" in shown and f"{url['dflash-block8']}=8" in shown
     assert res.stdout == "" and not out.exists()
 
+    # Allowed, the arm runs and its replicas' differences are recorded.
+    res = bench("--algo", "dflash", "--baseline", "none", "--url", router["dflash-mixed"],
+                "--allow-mismatch", "--json", "--output", str(tmp_path / "allowed"),
+                "--trials", "1", *SMALL)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    recorded = json.loads(res.stdout)["replicas"]["dflash"]["differences"]
+    assert {d["key"]: d["values"] for d in recorded}["drafter_block_size"] == {
+        url["dflash-1"]: 16,
+        url["dflash-block8"]: 8,
+    }
+    assert "They differ among themselves in" in (tmp_path / "allowed" / "report.md").read_text()
+
     fleet["replicas"]["dflash-block8"].stop()  # the router still lists it
     res = bench(*args)
-    assert res.returncode != 0 and res.returncode != 5
+    assert res.returncode == 1, res.stderr  # nothing measured: not a failed check
     lines = res.stderr.strip().splitlines()
     assert f"arm 'dflash': replica {url['dflash-block8']} behind the router at " in lines[0]
     assert "is not reachable after" in lines[0]
