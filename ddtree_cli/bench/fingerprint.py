@@ -4,6 +4,10 @@ A fingerprint is a server's ``/server_info`` flattened to dotted keys, minus wha
 from one start to the next (ports, start time, live counters). Comparing two fingerprints
 lists every other difference: model, weights, seed, GPU, versions, scheduling flags such as
 ``disable_overlap_schedule`` — each of which can decide an A/B on its own.
+
+An arm behind a router is several replicas (see :mod:`ddtree_cli.bench.routers`): they must
+be the same server but for where they run (:data:`PLACEMENT_KEYS`), and two such arms are
+compared replica by replica.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ DRAFTER_BLOCK_KEY = "drafter_block_size"
 # 6,582,151 tokens at --mem-fraction-static 0.2). A smaller pool is part of what the
 # algorithm costs, so it is not held against the A/B.
 DERIVED_KEYS = frozenset({"max_total_num_tokens"})
+# Where a replica runs rather than what it runs: the replicas of one arm may differ here, one
+# GPU each (SGLang's --base-gpu-id, reported as base_gpu_id; hosts and ports are volatile).
+PLACEMENT_KEYS = frozenset({"base_gpu_id", "gpu_id"})
 
 
 @dataclass(frozen=True)
@@ -99,15 +106,58 @@ def is_algorithm_key(key: str) -> bool:
     return any(m in leaf.lower() for m in ALGORITHM_MARKERS)
 
 
+def is_placement_key(key: str) -> bool:
+    return key.rsplit(".", 1)[-1] in PLACEMENT_KEYS
+
+
 def compare(fingerprints: dict[str, dict[str, Any]]) -> list[Difference]:
     """Every non-algorithm key whose value is not the same on all arms."""
-    arms = list(fingerprints)
+    return _differing(fingerprints, skip=is_algorithm_key)
+
+
+def compare_replicas(fingerprints: dict[str, dict[str, Any]]) -> list[Difference]:
+    """Within one arm (replica URL -> fingerprint): every key whose value is not the same on
+    all replicas, placement and what the algorithm derives aside. The algorithm's own
+    settings count here: one arm is one algorithm with one configuration."""
+    return _differing(
+        fingerprints,
+        skip=lambda key: is_placement_key(key) or key.rsplit(".", 1)[-1] in DERIVED_KEYS,
+    )
+
+
+def compare_arms(replicas: dict[str, list[dict[str, Any]]]) -> list[Difference]:
+    """Arm -> its replicas' fingerprints (one for a plain server): :func:`compare` on the
+    replicas pair by pair, each arm's replicas in placement order. A difference seen in every
+    pair is listed once; one seen in some pairs only is named with its pair ("(replica 2)").
+    Arms with different numbers of replicas differ in ``replicas`` (capacity)."""
+    arms = list(replicas)
+    ordered = {arm: sorted(fps, key=_placement) for arm, fps in replicas.items()}
+    counts = {arm: len(fps) for arm, fps in ordered.items()}
+    diffs = [Difference("replicas", counts)] if len(set(counts.values())) > 1 else []
+    pairs = [compare({arm: ordered[arm][i] for arm in arms}) for i in range(min(counts.values()))]
+    if not pairs:
+        return diffs
+    everywhere = [d for d in pairs[0] if all(d in pair for pair in pairs[1:])]
+    diffs += everywhere
+    if len(pairs) > 1:
+        for i, pair in enumerate(pairs, start=1):
+            diffs += [Difference(f"{d.key} (replica {i})", d.values)
+                      for d in pair if d not in everywhere]  # fmt: skip
+    return diffs
+
+
+def _placement(fp: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(repr(fp.get(key)) for key in sorted(k for k in fp if is_placement_key(k)))
+
+
+def _differing(fingerprints: dict[str, dict[str, Any]], skip) -> list[Difference]:
+    names = list(fingerprints)
     keys = sorted(set().union(*(fp.keys() for fp in fingerprints.values())))
     diffs = []
     for key in keys:
-        if is_algorithm_key(key):
+        if skip(key):
             continue
-        values = {arm: fingerprints[arm].get(key) for arm in arms}
+        values = {name: fingerprints[name].get(key) for name in names}
         if len({repr(v) for v in values.values()}) > 1:
             diffs.append(Difference(key, values))
     return diffs

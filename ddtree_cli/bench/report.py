@@ -179,6 +179,20 @@ def _lossless(out: list[str], summary: Summary) -> None:
 def _confounds(out: list[str], summary: Summary) -> None:
     diffs = summary.confounds.differences
     out.append("## Confound guard\n")
+    for arm, routed in (summary.replicas or {}).items():
+        urls = ", ".join(r.url for r in routed.replicas)
+        out.append(
+            f"Arm '{arm}' is a router ({routed.router}) over {len(routed.replicas)} "
+            f"replica(s), each fingerprinted: {urls}."
+            + (
+                " They differ among themselves in "
+                + ", ".join(f"`{d.key}`" for d in routed.differences)
+                + " (run anyway with --allow-mismatch)."
+                if routed.differences
+                else " They are the same server but for where they run."
+            )
+            + "\n"
+        )
     if not diffs:
         out.append("The arms' `/server_info` fingerprints differ only in the algorithm.\n")
         return

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ddtree_cli import __version__
-from ddtree_cli.bench import analysis, fingerprint, lossless
+from ddtree_cli.bench import analysis, fingerprint, lossless, routers
 from ddtree_cli.bench.client import Endpoint, HttpError
 from ddtree_cli.bench.loadgen import PassResult, PassSpec, run_pass
 from ddtree_cli.bench.monitor import ClientMonitor, load_warning
@@ -30,6 +30,8 @@ from ddtree_cli.bench.summary import (
     ClientPass,
     Confounds,
     Files,
+    Replica,
+    RoutedArm,
     RunConfig,
     RunStatus,
     Summary,
@@ -145,6 +147,7 @@ class RunState:
     passes: list[PassResult] = field(default_factory=list)
     reference_outputs: dict[str, list[int]] = field(default_factory=dict)
     server_info: dict[str, dict[str, Any]] = field(default_factory=dict)
+    routed: dict[str, RoutedArm] = field(default_factory=dict)  # arms whose URL is a router
     urls: dict[str, str] = field(default_factory=dict)
     differences: list[fingerprint.Difference] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -321,12 +324,20 @@ async def _main(state: RunState, servers: list[ServeProcess], reporter: Reporter
     reporter.phase("reading /server_info")
     for arm in state.arms:
         await _activate(state, arm, endpoints, reporter)
-        state.server_info[arm] = await _ready_info(arm, endpoints[arm], opts.server_timeout)
-        await _canary(state, arm, endpoints[arm], sampling)
+        ep = endpoints[arm]
+        info = await _ready_info(f"arm '{arm}' at {ep.url}", ep, opts.server_timeout)
+        if routers.is_router(info):
+            reporter.phase(f"reading /server_info of every replica behind the {arm} router")
+            state.routed[arm] = await _replicas(arm, ep, info, opts.server_timeout)
+            info = state.routed[arm].replicas[0].server_info
+        state.server_info[arm] = info
+        await _canary(state, arm, ep, sampling)
     _guard_confounds(state)
     ref_ep = Endpoint(opts.reference) if opts.reference else None
     if ref_ep is not None:
-        state.server_info["reference"] = await _ready_info("reference", ref_ep, 30.0)
+        state.server_info["reference"] = await _ready_info(
+            f"arm 'reference' at {ref_ep.url}", ref_ep, 30.0
+        )
     _create_run_dir(state)
     if ref_ep is not None:
         await _reference_pass(state, ref_ep, sampling, reporter)
@@ -400,8 +411,30 @@ async def _one_pass(
         raise DdtreeError(result.stopped)
 
 
-async def _ready_info(arm: str, ep: Endpoint, timeout: float) -> dict[str, Any]:
-    """Wait for /health, then return /server_info (or /get_server_info on older servers).
+async def _replicas(arm: str, router: Endpoint, info: dict[str, Any], timeout: float) -> RoutedArm:
+    """Every replica the router at ``router`` lists, with its own /server_info."""
+    try:
+        status, body = await router.get_json(routers.WORKERS_PATH, timeout=ANSWER_TIMEOUT_S)
+    except (TimeoutError, asyncio.TimeoutError, OSError, HttpError) as exc:
+        raise DdtreeError(
+            f"arm '{arm}': the router at {router.url} did not answer GET "
+            f"{routers.WORKERS_PATH}: {exc or type(exc).__name__}"
+        ) from None
+    replicas = []
+    for url in routers.worker_urls(router.url, status, body):
+        ep = Endpoint(url)
+        try:
+            who = f"arm '{arm}': replica {ep.url} behind the router at {router.url}"
+            replicas.append(Replica(ep.url, await _ready_info(who, ep, timeout)))
+        finally:
+            ep.close()
+    return RoutedArm(router.url, info, replicas)
+
+
+async def _ready_info(who: str, ep: Endpoint, timeout: float) -> dict[str, Any]:
+    """Wait for /health, then return /server_info (or /get_server_info on older servers and
+    on SGLang's router, whose summary :func:`routers.is_router` recognises). ``who`` names
+    the server in errors ("arm 'ddtree' at URL").
 
     A refused connection for UNREACHABLE_AFTER_S is a wrong URL; a server that answers (503
     while starting) or accepts the connection and stays silent (busy starting) is waited for
@@ -426,8 +459,7 @@ async def _ready_info(arm: str, ep: Endpoint, timeout: float) -> dict[str, Any]:
         if waited > timeout or (not (answered or silent) and waited > UNREACHABLE_AFTER_S):
             there = answered or silent
             raise DdtreeError(
-                f"arm '{arm}' at {ep.url} is not {'healthy' if there else 'reachable'} after "
-                f"{waited:.0f} s: {last}",
+                f"{who} is not {'healthy' if there else 'reachable'} after {waited:.0f} s: {last}",
                 hint=f"if it is still starting, wait longer with --server-timeout (now "
                 f"{timeout:g} s); otherwise check the server's log"
                 if there
@@ -439,33 +471,55 @@ async def _ready_info(arm: str, ep: Endpoint, timeout: float) -> dict[str, Any]:
             status, body = await ep.get_json(path, timeout=ANSWER_TIMEOUT_S)
         except (TimeoutError, asyncio.TimeoutError):
             raise DdtreeError(
-                f"arm '{arm}' at {ep.url} sent no answer to GET {path} within "
+                f"{who} sent no answer to GET {path} within "
                 f"{ANSWER_TIMEOUT_S:g} s (its /health answered 200)",
                 hint="check the server's log; a server busy with other clients answers late",
             ) from None
         if status == 200 and isinstance(body, dict):
             return body
-    raise DdtreeError(f"arm '{arm}' at {ep.url} has no /server_info (got HTTP {status})")
+    raise DdtreeError(f"{who} has no /server_info (got HTTP {status})")
 
 
 def _guard_confounds(state: RunState) -> None:
+    """Every arm behind a router must be one server configuration on all its replicas; then
+    the arms are compared (replica by replica where there are several)."""
+    fps = {}
+    for arm in state.arms:
+        routed = state.routed.get(arm)
+        if routed is None:
+            fps[arm] = [fingerprint.fingerprint(state.server_info[arm])]
+            continue
+        by_url = {r.url: fingerprint.fingerprint(r.server_info) for r in routed.replicas}
+        routed.differences = fingerprint.compare_replicas(by_url)
+        fps[arm] = list(by_url.values())
+        if routed.differences and not state.opts.allow_mismatch:
+            raise DdtreeError(
+                f"the replicas of arm '{arm}' behind the router at {routed.router} differ — "
+                + _shown(routed.differences),
+                hint="start every replica of an arm with the same model and flags (only the "
+                "GPU may differ), or pass --allow-mismatch",
+                exit_code=ExitCode.CHECK_FAILED,
+            )
     if len(state.arms) < 2:
         return
-    fps = {arm: fingerprint.fingerprint(state.server_info[arm]) for arm in state.arms}
-    state.differences = fingerprint.compare(fps)
+    state.differences = fingerprint.compare_arms(fps)
     if not state.differences or state.opts.allow_mismatch:
         return
-    shown = "; ".join(
-        f"{d.key}: " + ", ".join(f"{arm}={_short(v)}" for arm, v in d.values.items())
-        for d in state.differences[:4]
-    )
-    more = len(state.differences) - 4
     raise DdtreeError(
-        f"the arms differ in more than the algorithm — {shown}"
-        + (f" (and {more} more)" if more > 0 else ""),
+        "the arms differ in more than the algorithm — " + _shown(state.differences),
         hint="make the servers identical but for the algorithm, or pass --allow-mismatch",
         exit_code=ExitCode.CHECK_FAILED,
     )
+
+
+def _shown(diffs: list[fingerprint.Difference], at_most: int = 4) -> str:
+    """``key: a=1, b=2; ...`` for the first few differences."""
+    shown = "; ".join(
+        f"{d.key}: " + ", ".join(f"{name}={_short(v)}" for name, v in d.values.items())
+        for d in diffs[:at_most]
+    )
+    more = len(diffs) - at_most
+    return shown + (f" (and {more} more)" if more > 0 else "")
 
 
 def _short(value: Any, width: int = 40) -> str:
@@ -624,6 +678,7 @@ def build_summary(state: RunState) -> Summary:
         },
         files=Files(),
         run_dir=str(state.run_dir),
+        replicas=dict(state.routed) or None,
     )
 
 

@@ -237,6 +237,50 @@ class Confounds:
 
 
 @dataclass
+class Replica:
+    """One server behind a router, as it answered ``/server_info``."""
+
+    url: str
+    server_info: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "server_info": self.server_info}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Replica:
+        return cls(data["url"], data["server_info"])
+
+
+@dataclass
+class RoutedArm:
+    """An arm whose URL is a router: the router, and every replica it listed."""
+
+    router: str  # the arm's URL
+    router_info: dict[str, Any]  # the router's own /get_server_info summary
+    replicas: list[Replica]
+    # Among the replicas, where they run aside; values by replica URL (allowed only with
+    # --allow-mismatch, like the arms' own differences).
+    differences: list[Difference] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "router": self.router,
+            "router_info": self.router_info,
+            "replicas": [r.to_json() for r in self.replicas],
+            "differences": [d.to_json() for d in self.differences],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RoutedArm:
+        return cls(
+            router=data["router"],
+            router_info=data["router_info"],
+            replicas=[Replica.from_json(r) for r in data["replicas"]],
+            differences=[Difference(d["key"], d["values"]) for d in data["differences"]],
+        )
+
+
+@dataclass
 class ClientPass:
     """The client's own load during one pass (see :mod:`ddtree_cli.bench.monitor`)."""
 
@@ -302,12 +346,15 @@ class Summary:
     sweep: list[SweepPoint]
     lossless: LosslessResult
     confounds: Confounds
-    server_info: dict[str, dict[str, Any]]  # per arm, as the server sent it
+    # Per arm, as the server sent it; for an arm behind a router, its first replica's.
+    server_info: dict[str, dict[str, Any]]
     client: list[ClientPass]
     warnings: list[str]
     errors: dict[str, int]  # failed requests per arm
     files: Files
     run_dir: str
+    # Arms whose URL is a router; None (and no "replicas" key in the JSON) when there is none.
+    replicas: dict[str, RoutedArm] | None = None
 
     @property
     def headline(self) -> SweepPoint | None:
@@ -326,7 +373,7 @@ class Summary:
         return self.headline.concurrency if self.headline else None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "tool": self.tool,
             "status": self.status.value,
             "reason": self.reason,
@@ -353,6 +400,9 @@ class Summary:
             "files": self.files.to_json(),
             "run_dir": self.run_dir,
         }
+        if self.replicas is not None:
+            out["replicas"] = {arm: routed.to_json() for arm, routed in self.replicas.items()}
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Summary:
@@ -379,4 +429,7 @@ class Summary:
             errors=data["errors"],
             files=Files.from_json(data["files"]),
             run_dir=data["run_dir"],
+            replicas={arm: RoutedArm.from_json(r) for arm, r in data["replicas"].items()}
+            if "replicas" in data
+            else None,
         )

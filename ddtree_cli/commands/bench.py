@@ -175,7 +175,8 @@ def bench(
         bool,
         typer.Option(
             "--allow-mismatch",
-            help="Run even if the arms' /server_info differ in more than the algorithm.",
+            help="Run even if the arms' /server_info differ in more than the algorithm, or "
+            "the replicas behind an arm's router differ among themselves.",
         ),
     ] = False,
     random_input_len: Annotated[int, typer.Option(help="Words per --dataset random prompt.")] = 32,

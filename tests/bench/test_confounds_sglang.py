@@ -98,3 +98,65 @@ def test_a_ddtree_server_that_does_not_report_its_block_is_not_waved_through():
     diffs = differences(ddtree, dflash)
     assert diffs[fingerprint.DRAFTER_BLOCK_KEY] == {"ddtree": None, "dflash": 16}
     assert set(diffs) == {fingerprint.DRAFTER_BLOCK_KEY, "random_seed"}
+
+
+def replica(answer: dict, gpu: int, port: int) -> dict:
+    """The same server started on another GPU and port (--base-gpu-id, --port)."""
+    out = copy.deepcopy(answer)
+    out["base_gpu_id"], out["port"] = gpu, port
+    return out
+
+
+def test_replicas_of_one_arm_may_differ_only_in_where_they_run():
+    ddtree, _ = pair("budget64")
+    replicas = {
+        "http://a:30000": replica(ddtree, 0, 30000),
+        "http://b:30001": replica(ddtree, 1, 30001),
+    }
+    fps = {url: fingerprint.fingerprint(info) for url, info in replicas.items()}
+    assert fingerprint.compare_replicas(fps) == []
+    # An algorithm setting is a difference within one arm: it is no longer one configuration.
+    replicas["http://b:30001"]["speculative_ddtree_budget"] = 32  # --speculative-ddtree-budget
+    replicas["http://b:30001"]["speculative_num_draft_tokens"] = 33
+    fps = {url: fingerprint.fingerprint(info) for url, info in replicas.items()}
+    assert {d.key: d.values for d in fingerprint.compare_replicas(fps)} == {
+        "speculative_ddtree_budget": {"http://a:30000": 64, "http://b:30001": 32}
+    }
+
+
+def test_arms_of_replicas_are_compared_pair_by_pair_in_gpu_order():
+    ddtree, dflash = pair("budget64")
+    arms = {
+        "ddtree": [fingerprint.fingerprint(replica(ddtree, g, 30000 + g)) for g in (0, 1)],
+        # The router lists them in its own order: pairs follow the GPUs, not the list.
+        "dflash": [fingerprint.fingerprint(replica(dflash, g, 31000 + g)) for g in (1, 0)],
+    }
+    assert fingerprint.compare_arms(arms) == []
+    # One DFLASH replica on a GPU no DDTREE replica uses: named with its pair.
+    arms["dflash"][0]["base_gpu_id"] = 2
+    assert [(d.key, d.values) for d in fingerprint.compare_arms(arms)] == [
+        ("base_gpu_id (replica 2)", {"ddtree": 1, "dflash": 2})
+    ]
+
+
+def test_arms_with_other_numbers_of_replicas_differ_in_capacity():
+    ddtree, dflash = pair("budget64")
+    arms = {
+        "ddtree": [fingerprint.fingerprint(replica(ddtree, g, 30000 + g)) for g in (0, 1)],
+        "dflash": [fingerprint.fingerprint(replica(dflash, 0, 31000))],
+    }
+    assert [(d.key, d.values) for d in fingerprint.compare_arms(arms)] == [
+        ("replicas", {"ddtree": 2, "dflash": 1})
+    ]
+
+
+def test_a_difference_on_every_replica_pair_is_listed_once():
+    ddtree, dflash = pair("budget64")
+    dflash["speculative_num_draft_tokens"] = 8  # --speculative-num-draft-tokens 8
+    arms = {
+        "ddtree": [fingerprint.fingerprint(replica(ddtree, g, 30000 + g)) for g in (0, 1)],
+        "dflash": [fingerprint.fingerprint(replica(dflash, g, 31000 + g)) for g in (0, 1)],
+    }
+    assert [(d.key, d.values) for d in fingerprint.compare_arms(arms)] == [
+        (fingerprint.DRAFTER_BLOCK_KEY, {"ddtree": 16, "dflash": 8})
+    ]

@@ -94,7 +94,12 @@ def _index_only_env() -> dict[str, str]:
 
 def ensure_venv(version: str) -> Path:
     """The venv's python, building the venv first if it is not cached."""
-    target = venv_dir(version)
+    return build_venv(venv_dir(version), REQUIREMENTS[version], f"the SGLang {version} venv")
+
+
+def build_venv(target: Path, requirements: list[str], what: str) -> Path:
+    """``target``'s python: a venv with ``requirements`` installed from the package index
+    (local wheel files may be among them), built under a lock unless already complete."""
     python = target / "bin" / "python"
     if (target / ".complete").is_file():
         return python
@@ -109,14 +114,14 @@ def ensure_venv(version: str) -> Path:
         try:
             subprocess.run(
                 [str(building / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                 "--disable-pip-version-check", *REQUIREMENTS[version]],
+                 "--disable-pip-version-check", *requirements],
                 check=True, capture_output=True, text=True, env=_index_only_env(),
             )  # fmt: skip
         except subprocess.CalledProcessError as exc:
             shutil.rmtree(building, ignore_errors=True)
             tail = "\n".join((exc.stderr or "").strip().splitlines()[-5:])
-            raise RuntimeError(f"building the SGLang {version} venv failed:\n{tail}") from None
-        (building / ".complete").write_text("\n".join(REQUIREMENTS[version]) + "\n")
+            raise RuntimeError(f"building {what} failed:\n{tail}") from None
+        (building / ".complete").write_text("\n".join(requirements) + "\n")
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(target)
         # A venv's python finds its site-packages relative to pyvenv.cfg, so a rename works.
