@@ -1156,8 +1156,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("names", nargs="*", help="unit names (default: every started unit)")
     s = sub.add_parser("validate", help="the whole run, resumable: call again until done")
     s.add_argument("--pieces", nargs="*", default=[], help="pieces (files or folders) to receive")
-    s.add_argument("--out", default=os.environ.get("OUT", "validate-out"),
-                   help="where status.json and results.tgz go (default: $OUT)")  # fmt: skip
+    s.add_argument("--out", default="validate-out",
+                   help="where status.json and results.tgz go")  # fmt: skip
     s.add_argument("--until", type=float, default=540,
                    help="seconds this call may use; no step starts that would run past it")  # fmt: skip
     s.add_argument("--ckpt", help="default: trained if the bundle has it, else random")
