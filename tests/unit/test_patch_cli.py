@@ -101,3 +101,12 @@ def test_compare_shows_only_what_differs_between_two_releases():
     assert "only 0.5.20: sglang/srt/arg_groups/fields/spec.py" in report
     assert "sglang/srt/speculative/dflash_worker_v2.py:" in report
     assert not any("spec_registry.py" in line for line in report)  # the same edit in both
+
+
+def test_compare_cli_refuses_an_unknown_release_in_one_line(capsys):
+    assert compare.main(["0.5.19", "9.9"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: SGLang 9.9 is not supported") and err.count("\n") == 1
+    assert compare.main(["--help"]) == 0
+    assert "python -m ddtree_cli.patching.compare" in capsys.readouterr().out
+    assert compare.main(["0.5.19"]) == 2
