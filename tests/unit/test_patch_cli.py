@@ -43,10 +43,10 @@ def test_conflicting_modes_are_a_usage_error(tmp_path):
 
 def test_folder_without_sglang_is_refused_in_one_line(tmp_path):
     out = run(str(tmp_path), "--json")
-    assert out.returncode == 1 and out.stdout == ""
+    assert out.returncode == 3 and out.stdout == ""  # an input that cannot be used
     assert "no sglang package found" in out.stderr and "Traceback" not in out.stderr
     out = run(str(tmp_path / "missing"))
-    assert out.returncode == 1 and "does not exist" in " ".join(out.stderr.split())
+    assert out.returncode == 3 and "does not exist" in " ".join(out.stderr.split())
 
 
 def test_package_without_dflash_is_refused(tmp_path):
@@ -55,7 +55,7 @@ def test_package_without_dflash_is_refused(tmp_path):
     (package / "__init__.py").write_text("")
     (package / "_version.py").write_text("__version__ = version = '0.5.10'\n")
     out = run(str(tmp_path))
-    assert out.returncode == 1 and "has no DFlash worker" in " ".join(out.stderr.split())
+    assert out.returncode == 3 and "has no DFlash worker" in " ".join(out.stderr.split())
 
 
 def test_bad_fetch_version_is_refused(tmp_path):
