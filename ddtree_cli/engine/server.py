@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -481,12 +481,6 @@ def _next_event(req: Request, timeout: float | None) -> str | None:
 def _drain(req: Request) -> None:
     while _next_event(req, None) not in ("done", "error"):
         pass
-
-
-def serve_options_dict(opts: ServeOptions) -> dict[str, Any]:
-    data = asdict(opts)
-    data["model"] = str(opts.model) if opts.model else None
-    return data
 
 
 def run_forever(opts: ServeOptions, on_ready=None) -> None:
