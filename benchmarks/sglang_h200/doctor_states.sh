@@ -5,7 +5,7 @@
 #
 # Run from the repository root on the machine where `run.py install` has run (state under
 # $DDTREE_H200_STATE, default /tmp/ddtree-h200). Phases, in order (default: all of them;
-# each fits in one 10-minute call, so they can also be run one call at a time):
+# each takes minutes, so they can also be run one at a time):
 #
 #   bare       the image alone: no SGLang on the path, no servers
 #   installed  the bundle's SGLang (the release prepare.py --sglang chose) on the path, as
