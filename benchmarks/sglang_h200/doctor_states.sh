@@ -5,17 +5,20 @@
 #
 # Run from the repository root on the machine where `run.py install` has run (state under
 # $DDTREE_H200_STATE, default /tmp/ddtree-h200). Phases, in order (default: all of them;
-# each fits in one 10-minute call, so they can also be run one call at a time):
+# each takes minutes, so they can also be run one at a time):
 #
 #   bare       the image alone: no SGLang on the path, no servers
-#   installed  the bundle's SGLang 0.5.13 on the path (as run.py's servers see it), no servers;
-#              also with --snapshot on the patched snapshot
+#   installed  the bundle's SGLang (the release prepare.py --sglang chose) on the path, as
+#              run.py's servers see it; also with --snapshot on the patched snapshot
 #   serve      run.py serve plain / dflash --block 16 / ddtree --block 16 --budget 64
-#   serving    the three servers up: doctor with --port 30000 --port 30001 --port 30002
+#   serving    the servers up: doctor with one --port per server ($DOCTOR_PORTS, default
+#              30000 30001 30002, the serve phase's three; after run.py validate, whose four
+#              servers use 30000-30003: DOCTOR_PORTS="30000 30001 30002 30003")
 #   leftover   plain's launcher killed with SIGKILL, its sglang:: children left behind;
 #              the verdict's kill applied, then doctor again
 #   broken     sglang-kernel 0.4.6.post1 (bundle extra/, prepare.py --broken-kernel) shadowing
-#              the pinned 0.4.3, as in sgl-project/sglang issue 36462
+#              the kernel the release pins (0.4.3 for 0.5.13, 0.4.5 for 0.5.17), as in
+#              sgl-project/sglang issue 36462
 #   repaired   the kernel pin that doctor names installed over it (offline, into the same
 #              folder), then doctor again
 #   stop       run.py stop all; the broken-kernel folder removed
@@ -33,7 +36,7 @@ RUN=(python3 "$REPO/benchmarks/sglang_h200/run.py" --state "$STATE")
 BROKEN="$STATE/broken-kernel"
 SERVING_PATH="$REPO:$STATE/bundle/snapshot:$STATE/bundle/site:$STATE/site"
 BROKEN_PATH="$REPO:$STATE/bundle/snapshot:$BROKEN:$STATE/bundle/site:$STATE/site"
-# the servers' ports (run.py serve: 30000-30002; run.py validate adds 30003 for a 2nd budget)
+# the servers' ports (the serve phase: 30000-30002; run.py validate adds 30003 for a 2nd budget)
 read -r -a PORTS <<<"$(printf -- '--port %s ' ${DOCTOR_PORTS:-30000 30001 30002})"
 mkdir -p "$OUT"
 

@@ -22,7 +22,8 @@ Steps (each cached or skipped when its output exists):
 4. checkpoints: the engine's fixed-seed random pair exported for SGLang (bf16) once per draft
    block size 9, 16, 33 and 65 (one target, ``draft-b<N>`` per block size; the DDTREE
    budget is free of the block size in the 0.5.13 series, so ``draft-b16`` serves budgets 8
-   to 64, the others give each budget a draft of block budget + 1 to compare with), and the
+   to 64 there and budgets of at least 15 in the v2 layout (0.5.14 on); the others give each
+   budget a draft of block budget + 1 to compare with), and the
    trained pair when ``--trained`` is given; ``--no-random`` leaves the random pair out;
 5. the ``ddtree_cli`` package without the embedded engine's weights, ``run.py`` and ``units.py``
    (the bench client and deploy's unit rendering run from the bundle), and ``prompts/heldout.jsonl``: byte-token prompts cut from

@@ -71,7 +71,8 @@ _PID_SUFFIX = "" if _BASE == 30000 else f"-{_BASE}"
 MIB = 1 << 20
 REFUSAL_PORT = _BASE + 9  # refusals exit during argument handling; never bound
 ALGORITHMS = {"plain": None, "dflash": "DFLASH", "ddtree": "DDTREE"}
-# Forced into every server's environment: NVLink multicast stays off on the lent machines.
+# Forced into every server's environment: NVLink multicast stays off on the GPU machines this
+# bundle targets, whatever the caller's environment says.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}  # fmt: skip
 REFUSALS = {  # flags that must be refused, and the text the refusal must contain

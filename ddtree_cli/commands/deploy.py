@@ -60,7 +60,11 @@ def deploy_command(
     ] = None,
     port: Annotated[
         int | None,
-        typer.Option(help="Service port on every host (default: server.port or the inventory's)."),
+        typer.Option(
+            min=1,
+            max=65535,
+            help="Service port on every host (default: server.port or the inventory's).",
+        ),
     ] = None,
     accept_new_host_key: AcceptNewHostKeyOpt = False,
     known_hosts: KnownHostsOpt = None,

@@ -126,7 +126,8 @@ def doctor_command(
     ] = None,
     unit: Annotated[str | None, typer.Option("--unit", help="systemd unit of the server.")] = None,
     port: Annotated[
-        list[int] | None, typer.Option("--port", help="Server port: who holds it, /health on it.")
+        list[int] | None,
+        typer.Option("--port", min=1, max=65535, help="Server port: who holds it, /health on it."),
     ] = None,
     url: Annotated[
         str | None,

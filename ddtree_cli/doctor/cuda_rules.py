@@ -394,14 +394,6 @@ def _component(name: str) -> str:
     return re.sub(r"-cu\d+$", "", name)
 
 
-def cuda_majors_of_packages(facts: dict) -> dict[int, list[str]]:
-    """CUDA major -> the installed packages that are built for it."""
-    majors: dict[int, list[str]] = {}
-    for package in cuda_packages(facts):
-        majors.setdefault(package.major, []).append(f"{package.name}=={package.version}")
-    return majors
-
-
 def check_cuda_packages(facts: dict) -> Verdict:
     found = cuda_packages(facts)
     torch_major = torch_cuda_major(facts)

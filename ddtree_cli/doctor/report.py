@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -142,8 +141,3 @@ def build_report(
         verdict = check_fairness(report.differences, list(reached))
         report.checks.append(verdict.on("all hosts"))
     return report
-
-
-def label_for(target: str) -> str:
-    """A short host label for tables: "root@10.0.0.5:2222" -> "10.0.0.5:2222"."""
-    return re.sub(r"^[^@]+@", "", target)

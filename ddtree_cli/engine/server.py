@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,7 +27,7 @@ from ddtree_cli.engine.metrics import render_metrics
 from ddtree_cli.engine.scheduler import Request, Scheduler
 from ddtree_cli.engine.tokenizer import ByteTokenizer
 from ddtree_cli.engine.weights import is_random_model, model_label, pair_for
-from ddtree_cli.errors import ConfigError
+from ddtree_cli.errors import ConfigError, UsageError
 
 log = logging.getLogger("ddtree.serve")
 HEALTH_GENERATE_TIMEOUT_S = 20.0
@@ -54,24 +54,25 @@ class ServeOptions:
     cuda_graphs: bool = True
 
     def validate(self) -> None:
+        """Option values that cannot be served: usage errors (exit 2), like click's own."""
         if self.algo not in ("ar", "dflash", "ddtree"):
-            raise ConfigError(f"unknown --algo {self.algo!r}", hint="use ar, dflash or ddtree")
+            raise UsageError(f"unknown --algo {self.algo!r}", hint="use ar, dflash or ddtree")
         if self.budget is not None and self.algo != "ddtree":
-            raise ConfigError("--budget applies to --algo ddtree only")
+            raise UsageError("--budget applies to --algo ddtree only")
         if self.budget is not None and self.budget < 1:
-            raise ConfigError(f"--budget must be at least 1, got {self.budget}")
+            raise UsageError(f"--budget must be at least 1, got {self.budget}")
         if self.block_size is not None and self.block_size < 2:
-            raise ConfigError(f"--block-size must be at least 2, got {self.block_size}")
+            raise UsageError(f"--block-size must be at least 2, got {self.block_size}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"unknown --dtype {self.dtype!r}")
+            raise UsageError(f"unknown --dtype {self.dtype!r}")
         if self.max_running_requests < 1:
-            raise ConfigError("--max-running-requests must be at least 1")
+            raise UsageError("--max-running-requests must be at least 1")
         if self.context_length is not None and self.context_length < 2:
-            raise ConfigError(f"--context-length must be at least 2, got {self.context_length}")
+            raise UsageError(f"--context-length must be at least 2, got {self.context_length}")
         if self.threads < 0:
-            raise ConfigError(f"--threads must be >= 0, got {self.threads}")
+            raise UsageError(f"--threads must be >= 0, got {self.threads}")
         if not 0 <= self.port < 65536:
-            raise ConfigError(f"--port {self.port} is not a TCP port")
+            raise UsageError(f"--port {self.port} is not a TCP port")
 
 
 def build_engine(opts: ServeOptions) -> Engine:
@@ -480,12 +481,6 @@ def _next_event(req: Request, timeout: float | None) -> str | None:
 def _drain(req: Request) -> None:
     while _next_event(req, None) not in ("done", "error"):
         pass
-
-
-def serve_options_dict(opts: ServeOptions) -> dict[str, Any]:
-    data = asdict(opts)
-    data["model"] = str(opts.model) if opts.model else None
-    return data
 
 
 def run_forever(opts: ServeOptions, on_ready=None) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
+from ddtree_cli.errors import DdtreeError
 from ddtree_cli.patching import series as series_mod
 from ddtree_cli.patching import unidiff
 
@@ -48,10 +49,19 @@ def compare(a: str, b: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    usage = __doc__.strip().splitlines()[2].strip()
+    if args in (["-h"], ["--help"]):
+        print(usage)
+        return 0
     if len(args) != 2:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
-    print("\n".join(compare(*args)))
+    try:
+        lines = compare(*args)
+    except DdtreeError as exc:  # like regenerate: one line, no traceback
+        print(f"error: {exc}" + (f" ({exc.hint})" if exc.hint else ""), file=sys.stderr)
+        return 1
+    print("\n".join(lines))
     return 0
 
 

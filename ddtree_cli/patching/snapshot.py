@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from ddtree_cli.errors import DdtreeError
+from ddtree_cli.errors import ConfigError
 
 
 class SnapshotKind(str, Enum):
@@ -71,7 +71,7 @@ def _locate(path: Path) -> tuple[Path, Path | None]:
                 if (checkout / ".git").exists():
                     git_root = checkout
             return package_dir, git_root
-    raise DdtreeError(
+    raise ConfigError(
         f"no sglang package found in {path}",
         hint="point at a git checkout of sglang, its python/sglang folder, "
         "an installed sglang package folder or an extracted wheel",
@@ -153,11 +153,11 @@ def _version_from_git(git_root: Path) -> str | None:
 def detect(path: Path) -> Snapshot:
     path = path.expanduser().resolve()
     if not path.is_dir():
-        raise DdtreeError(f"snapshot folder does not exist: {path}")
+        raise ConfigError(f"snapshot folder does not exist: {path}")
     package_dir, git_root = _locate(path)
     version = _version_from_files(package_dir, git_root)
     if version is None:
-        raise DdtreeError(
+        raise ConfigError(
             f"cannot tell which SGLang version {package_dir} is",
             hint="expected sglang/_version.py, a sglang-*.dist-info next to the package, "
             "or a git checkout whose HEAD is a release tag",
@@ -168,7 +168,7 @@ def detect(path: Path) -> Snapshot:
     elif (speculative / "dflash_worker.py").is_file():
         layout = Layout.V1
     else:
-        raise DdtreeError(
+        raise ConfigError(
             f"SGLang {version} at {package_dir} has no DFlash worker",
             hint="DDTREE builds on DFLASH, which first shipped in sglang 0.5.11",
         )

@@ -20,7 +20,7 @@ from ddtree_cli.patching import fetch
 from tests.conftest import require
 
 # Every release the wheel tests patch, with the series it must be recognised as; written by
-# `python -m ddtree_cli.patching.regenerate` (PyPI wheels, see research/sglang_releases.md).
+# `python -m ddtree_cli.patching.regenerate` (PyPI wheels; docs/patch.md, "Releases").
 RELEASES: dict[str, dict[str, str]] = json.loads(
     (Path(__file__).with_name("releases.json")).read_text(encoding="utf-8")
 )

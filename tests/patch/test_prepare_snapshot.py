@@ -7,25 +7,14 @@ packed as it is and not refused.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from ddtree_cli.errors import DdtreeError
 from ddtree_cli.patching import fetch
 from tests.conftest import require
+from tests.sglang_h200 import load_script
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
-
-PREPARE = Path(__file__).resolve().parents[2] / "benchmarks" / "sglang_h200" / "prepare.py"
-
-
-def _prepare():
-    spec = importlib.util.spec_from_file_location("sglang_h200_prepare_snapshot", PREPARE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_snapshot_from_another_series_is_patched_afresh(tmp_path):
@@ -33,7 +22,7 @@ def test_a_snapshot_from_another_series_is_patched_afresh(tmp_path):
         wheel = fetch.download_wheel("0.5.13")
     except DdtreeError as exc:
         require(False, f"cannot download sglang 0.5.13: {exc}")
-    prepare = _prepare()
+    prepare = load_script("prepare")
     root = prepare.patched_snapshot(wheel, tmp_path)
     assert prepare._patch_state(root) == "applied"
     worker = root / "sglang" / "srt" / "speculative" / "ddtree_worker.py"

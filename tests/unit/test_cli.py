@@ -14,6 +14,7 @@ from ddtree_cli import __version__
 from ddtree_cli.errors import ConfigError, ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
+EMBEDDED_CONFIG = str(REPO / "configs" / "deploy.embedded.yaml")
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -37,6 +38,19 @@ def test_help_lists_usage():
 def test_unknown_command_is_a_usage_error():
     result = run_cli("no-such-command")
     assert result.returncode == 2
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("doctor", "--port", "99999", "--no-probes", "--json"),
+        ("deploy", "--config", EMBEDDED_CONFIG, "--host", "h", "--port", "0"),
+    ],
+)
+def test_a_port_outside_1_to_65535_is_a_usage_error(args):
+    result = run_cli(*args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "is not in the range 1<=x<=65535" in result.stderr
 
 
 def test_project_error_becomes_one_line_and_its_exit_code(monkeypatch, capsys):

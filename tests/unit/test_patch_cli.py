@@ -43,10 +43,10 @@ def test_conflicting_modes_are_a_usage_error(tmp_path):
 
 def test_folder_without_sglang_is_refused_in_one_line(tmp_path):
     out = run(str(tmp_path), "--json")
-    assert out.returncode == 1 and out.stdout == ""
+    assert out.returncode == 3 and out.stdout == ""  # an input that cannot be used
     assert "no sglang package found" in out.stderr and "Traceback" not in out.stderr
     out = run(str(tmp_path / "missing"))
-    assert out.returncode == 1 and "does not exist" in " ".join(out.stderr.split())
+    assert out.returncode == 3 and "does not exist" in " ".join(out.stderr.split())
 
 
 def test_package_without_dflash_is_refused(tmp_path):
@@ -55,7 +55,7 @@ def test_package_without_dflash_is_refused(tmp_path):
     (package / "__init__.py").write_text("")
     (package / "_version.py").write_text("__version__ = version = '0.5.10'\n")
     out = run(str(tmp_path))
-    assert out.returncode == 1 and "has no DFlash worker" in " ".join(out.stderr.split())
+    assert out.returncode == 3 and "has no DFlash worker" in " ".join(out.stderr.split())
 
 
 def test_bad_fetch_version_is_refused(tmp_path):
@@ -101,3 +101,12 @@ def test_compare_shows_only_what_differs_between_two_releases():
     assert "only 0.5.20: sglang/srt/arg_groups/fields/spec.py" in report
     assert "sglang/srt/speculative/dflash_worker_v2.py:" in report
     assert not any("spec_registry.py" in line for line in report)  # the same edit in both
+
+
+def test_compare_cli_refuses_an_unknown_release_in_one_line(capsys):
+    assert compare.main(["0.5.19", "9.9"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: SGLang 9.9 is not supported") and err.count("\n") == 1
+    assert compare.main(["--help"]) == 0
+    assert "python -m ddtree_cli.patching.compare" in capsys.readouterr().out
+    assert compare.main(["0.5.19"]) == 2

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import tarfile
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parents[2] / "benchmarks" / "sglang_h200"
+from tests.sglang_h200 import load_script
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"sglang_h200_{name}", HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-prepare = _load("prepare")
-run = _load("run")
+prepare = load_script("prepare")
+run = load_script("run")
 
 
 def _bundle(tmp_path: Path) -> Path:

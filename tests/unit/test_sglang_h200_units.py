@@ -4,7 +4,6 @@ start-units), as the two-GPU session will do where there is no systemd."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -15,19 +14,10 @@ from pathlib import Path
 import pytest
 
 from ddtree_cli.deploy.units import read_unit
+from tests.sglang_h200 import HERE, load_script
 
-HERE = Path(__file__).resolve().parents[2] / "benchmarks" / "sglang_h200"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"sglang_h200_{name}", HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-run = _load("run")
-units = _load("units")
+run = load_script("run")
+units = load_script("units")
 
 UUIDS = ("GPU-00000000-1111-2222-3333-444444444444", "GPU-55555555-6666-7777-8888-999999999999")
 

@@ -92,22 +92,22 @@ def test_serve_loads_a_model_folder(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "message", "code"),
     [
-        (["--algo", "beam"], "unknown --algo"),
-        (["--algo", "dflash", "--budget", "4"], "--budget applies to --algo ddtree only"),
-        (["--model", "/nonexistent/model"], "does not exist"),
-        (["--block-size", "1"], "--block-size must be at least 2"),
+        (["--algo", "beam"], "unknown --algo", 2),
+        (["--algo", "dflash", "--budget", "4"], "--budget applies to --algo ddtree only", 2),
+        (["--model", "/nonexistent/model"], "does not exist", 3),
+        (["--block-size", "1"], "--block-size must be at least 2", 2),
     ],
 )
-def test_bad_options_fail_with_one_line(args, message):
+def test_bad_options_fail_with_one_line(args, message, code):
     proc = subprocess.run(
         [sys.executable, "-m", "ddtree_cli", "serve", "--port", "0", *args],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert proc.returncode != 0
+    assert proc.returncode == code
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""

@@ -15,7 +15,6 @@ refusals are tested against SGLang's own launcher in tests/patch/test_launcher_r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_cli.engine.export import export_pair, random_export_pair
+from tests.sglang_h200 import load_script
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]
@@ -135,19 +135,11 @@ os.execv(sys.executable, cmd)
 """
 
 
-def _prepare():
-    path = REPO / "benchmarks" / "sglang_h200" / "prepare.py"
-    spec = importlib.util.spec_from_file_location("sglang_h200_prepare_runner", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _standin_bundle(tmp_path: Path) -> Path:
     """Pieces of a bundle for "SGLang 0.5.17", patched, with a trained pair, made by
     prepare.py's build_tar and split; the checkpoint is a real export (the stand-in serves
     the engine's own weights, the target config is what the refusals read)."""
-    prepare = _prepare()
+    prepare = load_script("prepare")
     site, snap = tmp_path / "site", tmp_path / "snap"
     (site / "sgl_kernel").mkdir(parents=True)
     (site / "sgl_kernel" / "__init__.py").write_text("")
