@@ -218,6 +218,12 @@ def _lossless(out: list[str], summary: Summary) -> None:
                 )
                 + "\n"
             )
+        elif ref.flagged:
+            out.append(
+                "McNemar exact test of each arm under test against the baseline, on the prompts "
+                f"where only one of the two diverged: **{', '.join(ref.flagged)} diverge(s) "
+                "clearly more often: a bug, not noise.**\n"
+            )
 
 
 def _confounds(out: list[str], summary: Summary) -> None:

@@ -677,14 +677,10 @@ def build_summary(state: RunState) -> Summary:
     if state.baseline is not None and opts.temperature == 0:
         check = _lossless_against_baseline(state, records)
         if state.reference_outputs:
-            check.reference = lossless.reference_divergence(
-                records, state.reference_outputs, state.arms
-            )
+            check.reference = _reference_check(state, records)
     elif state.reference_outputs:
         check = lossless.LosslessResult(tuple(state.arms), strict=False)
-        check.reference = lossless.reference_divergence(
-            records, state.reference_outputs, state.arms
-        )
+        check.reference = _reference_check(state, records)
     return Summary(
         tool=f"ddtree {__version__}",
         status=state.status,
@@ -739,6 +735,18 @@ def _lossless_against_baseline(state: RunState, records: list[dict[str, Any]]):
         pair = lossless.compare_arms(records, arm, base, strict=strict)
         check.compared += pair.compared
         check.mismatches += pair.mismatches
+    return check
+
+
+def _reference_check(state: RunState, records: list[dict[str, Any]]):
+    """Each arm's divergence from the reference; with several arms under test, McNemar's
+    test is run for each of them against the baseline, and every arm it flags is flagged."""
+    check = lossless.reference_divergence(records, state.reference_outputs, state.arms)
+    base = state.baseline
+    if base is not None and len(state.arms) > 2:
+        for arm in state.under_test:
+            pair = lossless.reference_divergence(records, state.reference_outputs, [arm, base])
+            check.flagged += [a for a in pair.flagged if a not in check.flagged]
     return check
 
 

@@ -149,3 +149,46 @@ def test_an_arm_that_is_neither_algo_nor_baseline_is_refused(servers, tmp_path):
     assert res.returncode != 0
     assert "eagle" in res.stderr and "ddtree-SUFFIX" in res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_an_arm_under_test_that_diverges_from_the_reference_is_flagged(servers, tmp_path):
+    """An arm under test with other (random, seed 1) weights: the reference check flags it,
+    and only it, from its own McNemar test against the baseline."""
+    logs = tmp_path / "logs"
+    other = ServeProcess(
+        "ddtree-other", "ddtree", logs, ["--model", "random", "--seed", "1", "--budget", "8"]
+    )
+    other.start()
+    try:
+        wait_all_ready([other], 120)
+        res = bench(
+            "--url",
+            f"ddtree-b8={servers['ddtree-b8']}",
+            "--url",
+            f"ddtree-other={other.url}",
+            "--url",
+            f"dflash={servers['dflash']}",
+            "--reference",
+            servers["ar"],
+            "--allow-mismatch",
+            "--json",
+            "--trials",
+            "1",
+            "--num-prompts",
+            "8",
+            "--output",
+            str(tmp_path / "run"),
+            *TINY,
+        )
+    finally:
+        other.stop()
+    assert res.returncode == 5, res.stderr
+    assert "lossless check failed" in res.stderr
+    ref = json.loads(res.stdout)["lossless"]["reference"]
+    assert {a: r["diverged"] for a, r in ref["arms"].items()} == {
+        "ddtree-b8": 0,
+        "ddtree-other": 8,
+        "dflash": 0,
+    }
+    assert ref["flagged"] == ["ddtree-other"]
+    assert "ddtree-other diverge(s) clearly more often" in (tmp_path / "run/report.md").read_text()
