@@ -154,8 +154,7 @@ def _point(out: list[str], point: SweepPoint, summary: Summary) -> None:
     out.append("")
     first = summary.under_test[0] if summary.under_test else summary.algo
     for arm, comp in point.compared(first).items():
-        name = arm if point.comparisons is not None else summary.algo
-        out.append(f"Comparison, {name} / {summary.baseline}:\n")
+        out.append(f"Comparison, {arm} / {summary.baseline}:\n")
         out.append("| metric | ratio | 95% CI | paired by | n | Wilcoxon p | verdict |")
         out.append("|---|---|---|---|---|---|---|")
         for key, label in _COMPARED:

@@ -782,7 +782,7 @@ def _check_failure(summary: Summary, run_dir: Path) -> DdtreeError | None:
     if flagged:
         return DdtreeError(
             f"lossless check failed: arm '{flagged[0]}' diverges from the reference clearly "
-            f"more often than the other arm; see {run_dir / 'report.md'}",
+            f"more often than the arm it was compared with; see {run_dir / 'report.md'}",
             exit_code=ExitCode.CHECK_FAILED,
         )
     first = check.mismatches[0]

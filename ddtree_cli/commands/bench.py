@@ -92,12 +92,11 @@ def _print_summary(summary: Summary) -> None:
         console.print(table)
         first = summary.under_test[0] if summary.under_test else summary.algo
         for arm, comp in point.compared(first).items():
-            name = arm if point.comparisons is not None else summary.algo
             e = comp.output_tok_s
             ci = e.ci95 or (math.nan, math.nan)
             style = "bold" if "no clear" not in e.verdict else "yellow"
             console.print(
-                f"  {name}/{summary.baseline} output tok/s: "
+                f"  {arm}/{summary.baseline} output tok/s: "
                 f"{_f(e.ratio, 3)} (95% CI {_f(ci[0], 3)}–{_f(ci[1], 3)}) → "
                 f"[{style}]{e.verdict}[/]"
             )
