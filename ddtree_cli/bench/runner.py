@@ -368,6 +368,7 @@ async def _main(state: RunState, servers: list[ServeProcess], reporter: Reporter
             f"arm '{REFERENCE}' at {ref_ep.url}", ref_ep, 30.0
         )
         if opts.time_reference:
+            _guard_reference(state)
             endpoints[REFERENCE] = ref_ep
     _create_run_dir(state)
     if ref_ep is not None:
@@ -539,6 +540,25 @@ def _guard_confounds(state: RunState) -> None:
     raise DdtreeError(
         "the arms differ in more than the algorithm — " + _shown(state.differences),
         hint="make the servers identical but for the algorithm, or pass --allow-mismatch",
+        exit_code=ExitCode.CHECK_FAILED,
+    )
+
+
+def _guard_reference(state: RunState) -> None:
+    """A timed reference gives each arm's speed-up over plain decoding: it must be the arms'
+    server but for speculation (model, hardware, flags)."""
+    names = [*state.arms, REFERENCE]
+    fps = {name: fingerprint.fingerprint(state.server_info[name]) for name in names}
+    diffs = fingerprint.compare_with_plain(fps)
+    if not diffs:
+        return
+    what = "the timed reference differs from the arms in more than speculation — " + _shown(diffs)
+    if state.opts.allow_mismatch:
+        state.warnings.append(what)
+        return
+    raise DdtreeError(
+        what,
+        hint="start the plain server with the arms' model and flags, or pass --allow-mismatch",
         exit_code=ExitCode.CHECK_FAILED,
     )
 

@@ -192,3 +192,24 @@ def test_an_arm_under_test_that_diverges_from_the_reference_is_flagged(servers, 
     }
     assert ref["flagged"] == ["ddtree-other"]
     assert "ddtree-other diverge(s) clearly more often" in (tmp_path / "run/report.md").read_text()
+
+
+def test_a_timed_reference_with_another_model_is_refused(servers, tmp_path):
+    """The speed-up over plain decoding needs the arms' model on the plain server."""
+    other = ServeProcess(
+        "ar-other", "ar", tmp_path / "logs", ["--model", "random", "--context-length", "1024"]
+    )
+    other.start()
+    try:
+        wait_all_ready([other], 120)
+        args = _sweep_args(servers, "dflash")
+        args[args.index("--reference") + 1] = other.url
+        out = tmp_path / "run"
+        res = bench(*args, "--time-reference", "--output", str(out), "--num-prompts", "5", *TINY)
+    finally:
+        other.stop()
+    assert res.returncode == 5, res.stderr
+    assert "the timed reference differs from the arms in more than speculation" in res.stderr
+    assert "--allow-mismatch" in res.stderr
+    assert res.stdout == ""
+    assert not out.exists()
