@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
+from ddtree_cli.bench.report import render
 from ddtree_cli.bench.servers import ServeProcess, wait_all_ready
+from ddtree_cli.bench.summary import Summary
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
@@ -120,6 +122,11 @@ def test_one_command_compares_every_budget_with_the_baseline(servers, tmp_path):
         for c in (1, 2):
             assert any(row.startswith(f"| {arm} | {c} | ") for row in report.splitlines())
     assert "Comparison, ddtree-b15 / dflash" in report
+    # The new keys rebuild too: the typed summary gives the same JSON and the same report back.
+    rebuilt = Summary.from_json(json.loads((out / "summary.json").read_text()))
+    assert rebuilt.to_json() == json.loads((out / "summary.json").read_text())
+    assert rebuilt.under_test == ["ddtree-b8", "ddtree-b15"]
+    assert render(rebuilt) == report
 
 
 def test_a_dflash_baseline_with_another_block_is_refused(servers, tmp_path):
