@@ -56,6 +56,13 @@ DERIVED_KEYS = frozenset({"max_total_num_tokens"})
 PLACEMENT_KEYS = frozenset({"base_gpu_id", "gpu_id"})
 
 
+# A plain server (the timed --reference) against speculative arms: besides the algorithm
+# and every speculative_* setting, SGLang picks its default CUDA-graph batch sizes per mode
+# (patched SGLang 0.5.13 on an H200, 2026-12-01, same flags: cuda_graph_bs [1, 2, 3, ..., 8]
+# for DFLASH and DDTREE, [1, 2, 4, 8] for the plain server).
+PLAIN_DERIVED_KEYS = frozenset({"cuda_graph_bs", DRAFTER_BLOCK_KEY})
+
+
 @dataclass(frozen=True)
 class Difference:
     key: str
@@ -113,6 +120,18 @@ def is_placement_key(key: str) -> bool:
 def compare(fingerprints: dict[str, dict[str, Any]]) -> list[Difference]:
     """Every non-algorithm key whose value is not the same on all arms."""
     return _differing(fingerprints, skip=is_algorithm_key)
+
+
+def compare_with_plain(fingerprints: dict[str, dict[str, Any]]) -> list[Difference]:
+    """:func:`compare` for a plain server among speculative ones: the speculative settings,
+    which only the speculative servers have, and :data:`PLAIN_DERIVED_KEYS` aside."""
+
+    def speculative(key: str) -> bool:
+        leaf = key.rsplit(".", 1)[-1]
+        plain_differs = leaf.startswith("speculative_") or leaf in PLAIN_DERIVED_KEYS
+        return plain_differs or is_algorithm_key(key)
+
+    return _differing(fingerprints, skip=speculative)
 
 
 def compare_replicas(fingerprints: dict[str, dict[str, Any]]) -> list[Difference]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddtree_cli.bench.stats import NO_CLEAR_DIFFERENCE
-from ddtree_cli.bench.summary import Effect, Percentiles, Summary, SweepPoint
+from ddtree_cli.bench.summary import Comparison, Effect, Percentiles, Summary, SweepPoint
 
 _COMPARED = (
     ("output_tok_s", "output tok/s"),
@@ -54,6 +54,7 @@ def render(summary: Summary) -> str:
             "pairs; use `--trials 5` or more before drawing conclusions.\n"
         )
     _verdicts(out, summary)
+    _arms_table(out, summary)
     for point in summary.sweep:
         _point(out, point, summary)
     _lossless(out, summary)
@@ -65,22 +66,64 @@ def render(summary: Summary) -> str:
 
 def _verdicts(out: list[str], summary: Summary) -> None:
     rows = []
+    first = summary.under_test[0] if summary.under_test else summary.algo
+    several = any(point.comparisons for point in summary.sweep)
     for point in summary.sweep:
-        if not point.comparison:
-            continue
-        entry = point.comparison.output_tok_s
-        rows.append(
-            f"- concurrency {point.concurrency}: output tok/s ratio "
-            f"{_num(entry.ratio, 3)} (95% CI {_ci(entry)}): **{entry.verdict}**"
-        )
+        for arm, comp in point.compared(first).items():
+            entry = comp.output_tok_s
+            rows.append(
+                f"- {f'{arm}, ' if several else ''}concurrency {point.concurrency}: output "
+                f"tok/s ratio {_num(entry.ratio, 3)} (95% CI {_ci(entry)}): **{entry.verdict}**"
+            )
     if rows:
         out.append("## Verdict\n")
+        name = "each arm under test" if several else summary.algo
         out.append(
-            f"Ratios are {summary.algo} / {summary.baseline}. A ratio whose 95% interval "
+            f"Ratios are {name} / {summary.baseline}. A ratio whose 95% interval "
             f'contains 1 is reported as "{NO_CLEAR_DIFFERENCE}".\n'
         )
         out.extend(rows)
         out.append("")
+
+
+def _arms_table(out: list[str], summary: Summary) -> None:
+    """Several arms under test, or a timed reference: one row per arm and concurrency, each
+    arm over the baseline and, with --time-reference, over plain decoding."""
+    several = any(point.comparisons for point in summary.sweep)
+    plain = any(point.over_reference for point in summary.sweep)
+    if not (several or plain):
+        return
+    base = summary.baseline
+    head = ["arm", "concurrency"]
+    if base:
+        head += [f"tok/s ratio over {base}", "95% CI", "verdict"]
+    if plain:
+        head += ["tok/s ratio over plain", "95% CI", "verdict"]
+    head += ["accept length", "ITL p50 ms per chunk"]
+    out.append("## Arms\n")
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    first = summary.under_test[0] if summary.under_test else summary.algo
+    for arm in summary.under_test + ([base] if base else []):
+        for point in summary.sweep:
+            m = point.arms.get(arm)
+            if m is None:
+                continue
+            cells = [arm, str(point.concurrency)]
+            if base:
+                cells += _effect_cells(point.compared(first).get(arm))
+            if plain:
+                cells += _effect_cells((point.over_reference or {}).get(arm))
+            cells += [_num(m.accept_length, 3), _num(m.itl_ms.p50)]
+            out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+
+
+def _effect_cells(comp: Comparison | None) -> list[str]:
+    if comp is None:
+        return ["—", "—", "—"]
+    e = comp.output_tok_s
+    return [_num(e.ratio, 3), _ci(e), e.verdict]
 
 
 def _ci(entry: Effect) -> str:
@@ -109,9 +152,9 @@ def _point(out: list[str], point: SweepPoint, summary: Summary) -> None:
             f"{m.errors}/{m.requests} | {noise_text} |"
         )
     out.append("")
-    comp = point.comparison
-    if comp:
-        out.append(f"Comparison, {summary.algo} / {summary.baseline}:\n")
+    first = summary.under_test[0] if summary.under_test else summary.algo
+    for arm, comp in point.compared(first).items():
+        out.append(f"Comparison, {arm} / {summary.baseline}:\n")
         out.append("| metric | ratio | 95% CI | paired by | n | Wilcoxon p | verdict |")
         out.append("|---|---|---|---|---|---|---|")
         for key, label in _COMPARED:
@@ -173,6 +216,12 @@ def _lossless(out: list[str], summary: Summary) -> None:
                     else "Neither arm diverges clearly more often than the other."
                 )
                 + "\n"
+            )
+        elif ref.flagged:
+            out.append(
+                "McNemar exact test of each arm under test against the baseline, on the prompts "
+                f"where only one of the two diverged: **{', '.join(ref.flagged)} diverge(s) "
+                "clearly more often: a bug, not noise.**\n"
             )
 
 

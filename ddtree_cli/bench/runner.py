@@ -27,6 +27,7 @@ from ddtree_cli.bench.loadgen import PassResult, PassSpec, run_pass
 from ddtree_cli.bench.monitor import ClientMonitor, load_warning
 from ddtree_cli.bench.servers import EMBEDDED_ALGOS, ServeProcess, wait_all_ready
 from ddtree_cli.bench.summary import (
+    REFERENCE,
     ClientPass,
     Confounds,
     Files,
@@ -70,6 +71,8 @@ class BenchOptions:
     baseline: str | None = "dflash"
     urls: dict[str, str] = field(default_factory=dict)
     reference: str | None = None
+    # Time the reference too, interleaved with the arms: each arm over plain decoding.
+    time_reference: bool = False
     # None: from the target's Workload (with_defaults).
     dataset: str | None = None
     num_prompts: int | None = None
@@ -156,6 +159,22 @@ class RunState:
     switcher: Any = None
     _jsonl: Any = None
 
+    @property
+    def baseline(self) -> str | None:
+        """The arm every other arm is compared with; None when --algo runs alone."""
+        base = self.opts.baseline
+        return base if len(self.arms) > 1 and base == self.arms[-1] else None
+
+    @property
+    def timed(self) -> list[str]:
+        """What each trial measures: the arms, and the reference with --time-reference."""
+        return self.arms + ([REFERENCE] if self.opts.time_reference else [])
+
+    @property
+    def under_test(self) -> list[str]:
+        """The arms of --algo (one, or several configurations: ddtree-b15, ddtree-b64)."""
+        return [arm for arm in self.arms if arm != self.baseline]
+
 
 @dataclass
 class BenchOutcome:
@@ -182,16 +201,24 @@ def resolve_arms(opts: BenchOptions) -> list[str]:
                     hint=f"use {', '.join(EMBEDDED_ALGOS)}, or point --url at your servers",
                 )
         return [opts.algo] + ([baseline] if baseline else [])
-    unknown = set(opts.urls) - {opts.algo, baseline}
+    under_test = [n for n in opts.urls if n != baseline and is_arm_of(n, opts.algo)]
+    unknown = set(opts.urls) - set(under_test) - {baseline}
     if unknown:
         raise UsageError(
             f"--url names arm(s) {', '.join(sorted(unknown))}, which are neither --algo "
-            f"'{opts.algo}' nor --baseline '{baseline}'",
-            hint="write --url ddtree=http://HOST:PORT --url dflash=http://HOST:PORT",
+            f"'{opts.algo}' (or '{opts.algo}-SUFFIX') nor --baseline '{baseline}'",
+            hint="write --url ddtree=http://HOST:PORT --url dflash=http://HOST:PORT, or "
+            "several arms under test as --url ddtree-b15=... --url ddtree-b64=...",
         )
-    if opts.algo not in opts.urls:
+    if not under_test:
         raise UsageError(f"no --url for the arm under test '{opts.algo}'")
-    return [opts.algo] + ([baseline] if baseline in opts.urls else [])
+    return under_test + ([baseline] if baseline in opts.urls else [])
+
+
+def is_arm_of(name: str, algo: str) -> bool:
+    """``ddtree`` and ``ddtree-b64`` are arms of --algo ddtree: one algorithm, several
+    configurations (a budget sweep), each compared with the one baseline."""
+    return name == algo or (name.startswith(f"{algo}-") and len(name) > len(algo) + 1)
 
 
 def prepare(opts: BenchOptions) -> tuple[list[str], list[Prompt]]:
@@ -206,6 +233,8 @@ def prepare(opts: BenchOptions) -> tuple[list[str], list[Prompt]]:
     if not 0.0 <= opts.max_error_rate <= 1.0:
         raise UsageError("--max-error-rate is a fraction between 0 and 1")
     arms = resolve_arms(opts)
+    if opts.time_reference and not opts.reference:
+        raise UsageError("--time-reference needs --reference URL (the plain server to time)")
     need = PROMPTS_PER_SLOT * max(opts.concurrency)
     n = opts.num_prompts
     if n < need:
@@ -335,9 +364,12 @@ async def _main(state: RunState, servers: list[ServeProcess], reporter: Reporter
     _guard_confounds(state)
     ref_ep = Endpoint(opts.reference) if opts.reference else None
     if ref_ep is not None:
-        state.server_info["reference"] = await _ready_info(
-            f"arm 'reference' at {ref_ep.url}", ref_ep, 30.0
+        state.server_info[REFERENCE] = await _ready_info(
+            f"arm '{REFERENCE}' at {ref_ep.url}", ref_ep, 30.0
         )
+        if opts.time_reference:
+            _guard_reference(state)
+            endpoints[REFERENCE] = ref_ep
     _create_run_dir(state)
     if ref_ep is not None:
         await _reference_pass(state, ref_ep, sampling, reporter)
@@ -345,7 +377,7 @@ async def _main(state: RunState, servers: list[ServeProcess], reporter: Reporter
     rng = random.Random(opts.seed)
     for concurrency in opts.concurrency:
         for trial in range(1, opts.trials + 1):
-            order = list(state.arms)
+            order = list(state.timed)
             rng.shuffle(order)
             for arm in order:
                 await _activate(state, arm, endpoints, reporter)
@@ -362,7 +394,7 @@ async def _main(state: RunState, servers: list[ServeProcess], reporter: Reporter
                     incremental=bool(state.server_info[arm].get("incremental_streaming_output")),
                 )
                 await _one_pass(state, endpoints[arm], spec, alive.get(arm), reporter)
-    for ep in endpoints.values():
+    for ep in {id(ep): ep for ep in endpoints.values()}.values():
         ep.close()
 
 
@@ -512,6 +544,25 @@ def _guard_confounds(state: RunState) -> None:
     )
 
 
+def _guard_reference(state: RunState) -> None:
+    """A timed reference gives each arm's speed-up over plain decoding: it must be the arms'
+    server but for speculation (model, hardware, flags)."""
+    names = [*state.arms, REFERENCE]
+    fps = {name: fingerprint.fingerprint(state.server_info[name]) for name in names}
+    diffs = fingerprint.compare_with_plain(fps)
+    if not diffs:
+        return
+    what = "the timed reference differs from the arms in more than speculation — " + _shown(diffs)
+    if state.opts.allow_mismatch:
+        state.warnings.append(what)
+        return
+    raise DdtreeError(
+        what,
+        hint="start the plain server with the arms' model and flags, or pass --allow-mismatch",
+        exit_code=ExitCode.CHECK_FAILED,
+    )
+
+
 def _shown(diffs: list[fingerprint.Difference], at_most: int = 4) -> str:
     """``key: a=1, b=2; ...`` for the first few differences."""
     shown = "; ".join(
@@ -549,7 +600,7 @@ async def _reference_pass(
         state.warnings.append("--reference needs temperature 0; the reference check is skipped")
         return
     spec = PassSpec(
-        arm="reference",
+        arm=REFERENCE,
         concurrency=max(state.opts.concurrency),
         trial=0,
         sampling=sampling,
@@ -617,7 +668,7 @@ def build_summary(state: RunState) -> Summary:
     for c in opts.concurrency:
         by_arm = {
             arm: [p for p in state.passes if p.arm == arm and p.concurrency == c]
-            for arm in state.arms
+            for arm in state.timed
         }
         if not any(by_arm.values()):
             continue
@@ -625,22 +676,31 @@ def build_summary(state: RunState) -> Summary:
             concurrency=c,
             arms={arm: analysis.arm_metrics(ps) for arm, ps in by_arm.items() if ps},
         )
-        if len(state.arms) == 2 and all(by_arm.values()):
-            a, b = state.arms
-            point.comparison = analysis.compare(by_arm[a], by_arm[b], name_a=a, seed=opts.seed)
+        base = state.baseline
+        if base is not None and by_arm[base]:
+            compared = {
+                arm: analysis.compare(by_arm[arm], by_arm[base], name_a=arm, seed=opts.seed)
+                for arm in state.under_test
+                if by_arm[arm]
+            }
+            point.comparison = compared.get(state.under_test[0])
+            if len(state.under_test) > 1:
+                point.comparisons = compared
+        if opts.time_reference and by_arm[REFERENCE]:
+            point.over_reference = {
+                arm: analysis.compare(by_arm[arm], by_arm[REFERENCE], name_a=arm, seed=opts.seed)
+                for arm in state.arms
+                if by_arm[arm]
+            }
         sweep.append(point)
     check = None
-    if len(state.arms) == 2 and opts.temperature == 0:
-        check = lossless.compare_arms(records, *state.arms, strict=_strict(state))
+    if state.baseline is not None and opts.temperature == 0:
+        check = _lossless_against_baseline(state, records)
         if state.reference_outputs:
-            check.reference = lossless.reference_divergence(
-                records, state.reference_outputs, state.arms
-            )
-    elif len(state.arms) == 1 and state.reference_outputs:
-        check = lossless.LosslessResult((state.arms[0],), strict=False)
-        check.reference = lossless.reference_divergence(
-            records, state.reference_outputs, state.arms
-        )
+            check.reference = _reference_check(state, records)
+    elif state.reference_outputs:
+        check = lossless.LosslessResult(tuple(state.arms), strict=False)
+        check.reference = _reference_check(state, records)
     return Summary(
         tool=f"ddtree {__version__}",
         status=state.status,
@@ -648,7 +708,7 @@ def build_summary(state: RunState) -> Summary:
         started=state.started,
         finished=datetime.now(timezone.utc).isoformat(),
         algo=opts.algo,
-        baseline=state.arms[1] if len(state.arms) > 1 else None,
+        baseline=state.baseline,
         target="embedded" if opts.embedded else ("host" if opts.host else "url"),
         host=opts.host,
         switches=state.switcher.switches if state.switcher is not None else None,
@@ -674,12 +734,40 @@ def build_summary(state: RunState) -> Summary:
         client=state.client_load,
         warnings=_model_warnings(state) + state.warnings + _client_warnings(state.client_load),
         errors={
-            arm: sum(1 for r in records if r["arm"] == arm and not r["ok"]) for arm in state.arms
+            arm: sum(1 for r in records if r["arm"] == arm and not r["ok"]) for arm in state.timed
         },
         files=Files(),
         run_dir=str(state.run_dir),
         replicas=dict(state.routed) or None,
     )
+
+
+def _lossless_against_baseline(state: RunState, records: list[dict[str, Any]]):
+    """Every arm under test against the baseline, token for token; one result. With one arm
+    under test it is exactly :func:`lossless.compare_arms` of the two arms."""
+    base = state.baseline
+    assert base is not None
+    strict = _strict(state)
+    if len(state.arms) == 2:
+        return lossless.compare_arms(records, state.arms[0], base, strict=strict)
+    check = lossless.LosslessResult(tuple(state.arms), strict)
+    for arm in state.under_test:
+        pair = lossless.compare_arms(records, arm, base, strict=strict)
+        check.compared += pair.compared
+        check.mismatches += pair.mismatches
+    return check
+
+
+def _reference_check(state: RunState, records: list[dict[str, Any]]):
+    """Each arm's divergence from the reference; with several arms under test, McNemar's
+    test is run for each of them against the baseline, and every arm it flags is flagged."""
+    check = lossless.reference_divergence(records, state.reference_outputs, state.arms)
+    base = state.baseline
+    if base is not None and len(state.arms) > 2:
+        for arm in state.under_test:
+            pair = lossless.reference_divergence(records, state.reference_outputs, [arm, base])
+            check.flagged += [a for a in pair.flagged if a not in check.flagged]
+    return check
 
 
 def _model_warnings(state: RunState) -> list[str]:
@@ -714,7 +802,7 @@ def _check_failure(summary: Summary, run_dir: Path) -> DdtreeError | None:
     if flagged:
         return DdtreeError(
             f"lossless check failed: arm '{flagged[0]}' diverges from the reference clearly "
-            f"more often than the other arm; see {run_dir / 'report.md'}",
+            f"more often than the arm it was compared with; see {run_dir / 'report.md'}",
             exit_code=ExitCode.CHECK_FAILED,
         )
     first = check.mismatches[0]

@@ -16,6 +16,10 @@ from ddtree_cli.bench.fingerprint import Difference
 from ddtree_cli.bench.lossless import LosslessResult
 from ddtree_cli.bench.monitor import ClientLoad
 
+# The plain (--reference) server's name in the records and, when it is timed
+# (--time-reference), among a sweep point's arms.
+REFERENCE = "reference"
+
 
 class RunStatus(str, Enum):
     """How the run ended; the values are the JSON strings of ``status``."""
@@ -180,14 +184,26 @@ class Comparison:
 class SweepPoint:
     concurrency: int
     arms: dict[str, ArmMetrics]
-    comparison: Comparison | None = None  # two arms, both measured
+    # The (first) arm under test against the baseline, both measured.
+    comparison: Comparison | None = None
+    # Several arms under test (ddtree-b15, ddtree-b64, ...): each one against the baseline,
+    # by arm; None (and no "comparisons" key in the JSON) with one arm under test.
+    comparisons: dict[str, Comparison] | None = None
+    # --time-reference: every arm against the plain reference server, by arm; None (and no
+    # "over_reference" key in the JSON) otherwise.
+    over_reference: dict[str, Comparison] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "concurrency": self.concurrency,
             "arms": {arm: m.to_json() for arm, m in self.arms.items()},
             "comparison": self.comparison.to_json() if self.comparison else None,
         }
+        if self.comparisons is not None:
+            out["comparisons"] = {arm: c.to_json() for arm, c in self.comparisons.items()}
+        if self.over_reference is not None:
+            out["over_reference"] = {arm: c.to_json() for arm, c in self.over_reference.items()}
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SweepPoint:
@@ -195,7 +211,22 @@ class SweepPoint:
             concurrency=data["concurrency"],
             arms={arm: ArmMetrics.from_json(m) for arm, m in data["arms"].items()},
             comparison=Comparison.from_json(data["comparison"]),
+            comparisons={arm: Comparison.from_json(c) for arm, c in data["comparisons"].items()}
+            if "comparisons" in data
+            else None,
+            over_reference={
+                arm: Comparison.from_json(c) for arm, c in data["over_reference"].items()
+            }
+            if "over_reference" in data
+            else None,
         )
+
+    def compared(self, first: str) -> dict[str, Comparison]:
+        """Arm under test -> its comparison with the baseline; ``first`` names the arm of
+        ``comparison`` when there is only that one."""
+        if self.comparisons is not None:
+            return self.comparisons
+        return {} if self.comparison is None else {first: self.comparison}
 
 
 @dataclass
@@ -327,8 +358,9 @@ class Files:
 
 @dataclass
 class Summary:
-    """A bench run. ``arms``, ``comparison`` and ``headline_concurrency`` are the first sweep
-    point's (the lowest concurrency asked for that was measured)."""
+    """A bench run. ``arms``, ``comparison`` (``comparisons`` with several arms under test) and
+    ``headline_concurrency`` are the first sweep point's (the lowest concurrency asked for that
+    was measured)."""
 
     tool: str
     status: RunStatus
@@ -369,6 +401,12 @@ class Summary:
         return self.headline.comparison if self.headline else None
 
     @property
+    def under_test(self) -> list[str]:
+        """The measured arms other than the baseline, in run order."""
+        names = dict.fromkeys(arm for point in self.sweep for arm in point.arms)
+        return [arm for arm in names if arm not in (self.baseline, REFERENCE)]
+
+    @property
     def headline_concurrency(self) -> int | None:
         return self.headline.concurrency if self.headline else None
 
@@ -390,6 +428,10 @@ class Summary:
             "headline_concurrency": self.headline_concurrency,
             "arms": {arm: m.to_json() for arm, m in self.arms.items()},
             "comparison": self.comparison.to_json() if self.comparison else None,
+        }
+        if self.headline is not None and self.headline.comparisons is not None:
+            out["comparisons"] = self.headline.to_json()["comparisons"]
+        out |= {
             "sweep": [point.to_json() for point in self.sweep],
             "lossless": self.lossless.to_json(),
             "confounds": self.confounds.to_json(),

@@ -90,14 +90,22 @@ def _print_summary(summary: Summary) -> None:
                 f"{m.errors}/{m.requests}",
             )
         console.print(table)
-        if point.comparison:
-            e = point.comparison.output_tok_s
+        first = summary.under_test[0] if summary.under_test else summary.algo
+        for arm, comp in point.compared(first).items():
+            e = comp.output_tok_s
             ci = e.ci95 or (math.nan, math.nan)
             style = "bold" if "no clear" not in e.verdict else "yellow"
             console.print(
-                f"  {summary.algo}/{summary.baseline} output tok/s: "
+                f"  {arm}/{summary.baseline} output tok/s: "
                 f"{_f(e.ratio, 3)} (95% CI {_f(ci[0], 3)}–{_f(ci[1], 3)}) → "
                 f"[{style}]{e.verdict}[/]"
+            )
+        for arm, comp in (point.over_reference or {}).items():
+            e = comp.output_tok_s
+            ci = e.ci95 or (math.nan, math.nan)
+            console.print(
+                f"  {arm}/plain output tok/s: {_f(e.ratio, 3)} "
+                f"(95% CI {_f(ci[0], 3)}–{_f(ci[1], 3)}) → {e.verdict}"
             )
     check = summary.lossless
     if check.compared:
@@ -123,7 +131,9 @@ def bench(
         list[str] | None,
         typer.Option(
             "--url",
-            help="A running server: NAME=http://HOST:PORT (repeat per arm). "
+            help="A running server: NAME=http://HOST:PORT (repeat per arm). NAME is --algo, "
+            "--baseline, or --algo-SUFFIX for several arms under test (ddtree-b15=..., "
+            "ddtree-b64=...), each compared with the baseline in the same interleaved trials. "
             "Without --url or --host, one embedded `ddtree serve` per arm runs on 127.0.0.1.",
         ),
     ] = None,
@@ -131,6 +141,14 @@ def bench(
         str | None,
         typer.Option(help="A plain (non-speculative) server: each arm's divergence from it."),
     ] = None,
+    time_reference: Annotated[
+        bool,
+        typer.Option(
+            "--time-reference",
+            help="Also time the --reference server in every trial, interleaved with the arms: "
+            "each arm's speed-up over plain decoding.",
+        ),
+    ] = False,
     dataset: Annotated[
         str | None,
         typer.Option(
@@ -221,6 +239,7 @@ def bench(
         baseline=baseline,
         urls=_parse_urls(url or [], algo),
         reference=reference,
+        time_reference=time_reference,
         dataset=dataset,
         num_prompts=num_prompts,
         max_new_tokens=max_new_tokens,

@@ -160,3 +160,23 @@ def test_a_difference_on_every_replica_pair_is_listed_once():
     assert [(d.key, d.values) for d in fingerprint.compare_arms(arms)] == [
         (fingerprint.DRAFTER_BLOCK_KEY, {"ddtree": 16, "dflash": 8})
     ]
+
+
+# A plain server next to the arms: the real answers of one GPU run, all three started with the
+# same flags but for speculation (benchmarks/results/README.md names the run).
+PLAIN_RUN = (
+    Path(__file__).resolve().parents[2]
+    / "benchmarks/results/sglang_h200_2026-12-01_trained-budgets/after/bench-b64-c1/summary.json"
+)
+
+
+def test_a_plain_reference_differs_from_the_arms_only_in_speculation():
+    info = json.loads(PLAIN_RUN.read_text())["server_info"]
+    fps = {name: fingerprint.fingerprint(answer) for name, answer in info.items()}
+    assert set(fps) == {"ddtree", "dflash", "reference"}
+    assert fingerprint.compare(fps)  # the plain rules alone would refuse it
+    assert fingerprint.compare_with_plain(fps) == []
+    plain = copy.deepcopy(info["reference"])
+    plain["model_path"] = plain["model_path"] + "-other"
+    fps["reference"] = fingerprint.fingerprint(plain)
+    assert [d.key for d in fingerprint.compare_with_plain(fps)] == ["model_path"]

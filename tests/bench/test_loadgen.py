@@ -97,6 +97,18 @@ def test_prompt_guard_and_arm_resolution():
         )
 
 
+def test_several_arms_under_test_resolve_in_url_order_with_the_baseline_last():
+    urls = {"dflash": "http://h:1", "ddtree-b64": "http://h:3", "ddtree-b15": "http://h:2"}
+    arms, _ = prepare(BenchOptions(urls=urls))
+    assert arms == ["ddtree-b64", "ddtree-b15", "dflash"]
+    # "ddtree-" alone and "ddtreex" are not arms of --algo ddtree.
+    for name in ("ddtree-", "ddtreex"):
+        with pytest.raises(UsageError, match=f"arm\\(s\\) {name}, which are neither"):
+            prepare(BenchOptions(urls={"ddtree": "http://h:1", name: "http://h:2"}))
+    with pytest.raises(UsageError, match="--time-reference needs --reference"):
+        prepare(BenchOptions(urls={"ddtree": "http://h:1"}, time_reference=True))
+
+
 def test_host_without_config_exits_2_with_one_line():
     import subprocess
     import sys
