@@ -55,30 +55,12 @@ def constructions(value: str) -> list[str]:
 
 def heldout_prompts(count: int, length: int) -> list[list[int]]:
     """Byte-token windows of the stdlib files the trained pair never saw (its held-out
-    split), one per file first, cut at line starts."""
-    import sysconfig
+    split): the bundle's rule (``prepare.heldout_prompts``) with 8 windows per file, so the
+    first prompts come from as many files as possible."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "sglang_h200"))
+    from prepare import heldout_prompts as bundle_heldout_prompts
 
-    from ddtree_cli.engine.tokenizer import ByteTokenizer
-    from ddtree_cli.training.corpus import is_heldout
-
-    root = Path(sysconfig.get_paths()["stdlib"])
-    tok, per_file = ByteTokenizer(), []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if {"site-packages", "__pycache__"} & set(rel.parts) or not is_heldout(rel.as_posix()):
-            continue
-        try:
-            ids = tok.encode(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, OSError):
-            continue
-        starts = [0] + [i + 1 for i, b in enumerate(ids[:-length]) if b == 0x0A]
-        starts = [s for s in starts if s + length <= len(ids)]
-        step = max(1, len(starts) // 8)
-        per_file.append([ids[s : s + length] for s in starts[::step][:8]])
-    out = [w[r] for r in range(8) for w in per_file if r < len(w)]
-    if len(out) < count:
-        raise SystemExit(f"only {len(out)} held-out prompts of {length} tokens under {root}")
-    return out[:count]
+    return bundle_heldout_prompts(count, length, per_file=8)
 
 
 def read_prompts(path: str | None, count: int, length: int) -> list[list[int]]:

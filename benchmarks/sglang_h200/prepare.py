@@ -278,13 +278,16 @@ def export_checkpoints(
     return out
 
 
-def heldout_prompts(count: int, length: int, root: Path | None = None) -> list[list[int]]:
+def heldout_prompts(
+    count: int, length: int, root: Path | None = None, per_file: int = 16
+) -> list[list[int]]:
     """``count`` prompts of ``length`` byte tokens from the held-out stdlib files (the split
-    the trained pair was evaluated on, never trained on): windows starting at line starts,
-    spread evenly through each file, taken round-robin over the files in path order."""
+    the trained pair was evaluated on, never trained on): up to ``per_file`` windows starting
+    at line starts, spread evenly through each file, taken round-robin over the files in path
+    order."""
     root = root or Path(sysconfig.get_paths()["stdlib"])
     tok = ByteTokenizer()
-    per_file = []
+    windows = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
         if {"site-packages", "__pycache__"} & set(rel.parts) or not is_heldout(rel.as_posix()):
@@ -296,11 +299,11 @@ def heldout_prompts(count: int, length: int, root: Path | None = None) -> list[l
         starts = [0] + [i + 1 for i, b in enumerate(ids[:-length]) if b == 0x0A]
         starts = [s for s in starts if s + length <= len(ids)]
         if starts:
-            step = max(1, len(starts) // 16)
-            per_file.append([ids[s : s + length] for s in starts[::step][:16]])
+            step = max(1, len(starts) // per_file)
+            windows.append([ids[s : s + length] for s in starts[::step][:per_file]])
     out: list[list[int]] = []
-    for rank in range(16):
-        out += [windows[rank] for windows in per_file if rank < len(windows)]
+    for rank in range(per_file):
+        out += [w[rank] for w in windows if rank < len(w)]
     if len(out) < count:
         raise SystemExit(f"only {len(out)} held-out prompts of {length} tokens under {root}")
     return out[:count]
