@@ -97,6 +97,7 @@ class HostDeployment:
         self.conn: Connection | None = None
         self.releases: Releases | None = None
         self.started = time.monotonic()
+        self._since: str | None = None  # the host's clock at the last restart
 
     @property
     def unit_path(self) -> str:
@@ -210,7 +211,6 @@ class HostDeployment:
             self.cfg,
             self.host,
             self.cfg.unit_name,
-            started_at=getattr(self, "_since", None),
             note=lambda msg: self.emit("starting", msg),
         )
         self.report.status = status
@@ -218,7 +218,7 @@ class HostDeployment:
 
     def roll_back_after_failure(self, reason: str) -> None:
         self.report.journal = systemd.journal_tail(
-            self.conn, self.cfg.unit_name, 20, since=getattr(self, "_since", None)
+            self.conn, self.cfg.unit_name, 20, since=self._since
         )
         previous = self.report.previous
         if not previous:
@@ -230,9 +230,7 @@ class HostDeployment:
         self.emit("rolling back", previous)
         self.activate_release(previous)
         try:
-            readiness.wait_ready(
-                self.conn, self.cfg, self.host, self.cfg.unit_name, started_at=self._since
-            )
+            readiness.wait_ready(self.conn, self.cfg, self.host, self.cfg.unit_name)
         except readiness.NotReady as again:
             self.fail(
                 HostStatus.FAILED, f"{reason}; rollback to {previous} did not serve either: {again}"

@@ -51,7 +51,6 @@ def wait_ready(
     host: HostSpec,
     unit: str,
     *,
-    started_at: str | None,
     timeout: float | None = None,
     note=lambda _msg: None,
 ) -> dict:
