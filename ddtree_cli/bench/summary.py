@@ -409,6 +409,10 @@ class Summary:
         names = dict.fromkeys(arm for point in self.sweep for arm in point.arms)
         return [arm for arm in names if arm not in (self.baseline, REFERENCE)]
 
+    def compared(self, point: SweepPoint) -> dict[str, Comparison]:
+        """Arm under test -> its comparison with the baseline at ``point``."""
+        return point.compared(self.under_test[0] if self.under_test else self.algo)
+
     @property
     def headline_concurrency(self) -> int | None:
         return self.headline.concurrency if self.headline else None
