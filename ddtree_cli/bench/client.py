@@ -369,14 +369,6 @@ class Endpoint:
         except ValueError:
             return status, body.decode("utf-8", "replace")
 
-    async def post_json(self, path: str, obj: Any, timeout: float = 60.0) -> tuple[int, Any]:
-        req = self._request("POST", path, json.dumps(obj).encode(), b"*/*")
-        status, body = await self._roundtrip(req, timeout)
-        try:
-            return status, json.loads(body) if body else None
-        except ValueError:
-            return status, body.decode("utf-8", "replace")
-
     async def _roundtrip(self, request: bytes, timeout: float) -> tuple[int, bytes]:
         conn = await self._acquire()
         try:

@@ -71,6 +71,10 @@ class Difference:
     def to_json(self) -> dict:
         return {"key": self.key, "values": self.values}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Difference:
+        return cls(data["key"], data["values"])
+
 
 def fingerprint(server_info: dict[str, Any]) -> dict[str, Any]:
     """Flatten ``/server_info`` into comparable dotted keys, the speculative widths replaced

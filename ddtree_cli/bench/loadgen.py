@@ -59,10 +59,6 @@ class PassResult:
         return {"output_tok_s": tokens / wall, "request_s": len(ok) / wall}
 
 
-class PassStopped(Exception):
-    """Raised by a liveness check to end a pass at once (e.g. the server process died)."""
-
-
 def body_for(prompt: Prompt, sampling: dict[str, Any]) -> dict[str, Any]:
     return {**prompt.payload(), "sampling_params": dict(sampling)}
 

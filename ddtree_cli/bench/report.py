@@ -66,10 +66,9 @@ def render(summary: Summary) -> str:
 
 def _verdicts(out: list[str], summary: Summary) -> None:
     rows = []
-    first = summary.under_test[0] if summary.under_test else summary.algo
     several = any(point.comparisons for point in summary.sweep)
     for point in summary.sweep:
-        for arm, comp in point.compared(first).items():
+        for arm, comp in summary.compared(point).items():
             entry = comp.output_tok_s
             rows.append(
                 f"- {f'{arm}, ' if several else ''}concurrency {point.concurrency}: output "
@@ -103,7 +102,6 @@ def _arms_table(out: list[str], summary: Summary) -> None:
     out.append("## Arms\n")
     out.append("| " + " | ".join(head) + " |")
     out.append("|" + "---|" * len(head))
-    first = summary.under_test[0] if summary.under_test else summary.algo
     for arm in summary.under_test + ([base] if base else []):
         for point in summary.sweep:
             m = point.arms.get(arm)
@@ -111,7 +109,7 @@ def _arms_table(out: list[str], summary: Summary) -> None:
                 continue
             cells = [arm, str(point.concurrency)]
             if base:
-                cells += _effect_cells(point.compared(first).get(arm))
+                cells += _effect_cells(summary.compared(point).get(arm))
             if plain:
                 cells += _effect_cells((point.over_reference or {}).get(arm))
             cells += [_num(m.accept_length, 3), _num(m.itl_ms.p50)]
@@ -152,8 +150,7 @@ def _point(out: list[str], point: SweepPoint, summary: Summary) -> None:
             f"{m.errors}/{m.requests} | {noise_text} |"
         )
     out.append("")
-    first = summary.under_test[0] if summary.under_test else summary.algo
-    for arm, comp in point.compared(first).items():
+    for arm, comp in summary.compared(point).items():
         out.append(f"Comparison, {arm} / {summary.baseline}:\n")
         out.append("| metric | ratio | 95% CI | paired by | n | Wilcoxon p | verdict |")
         out.append("|---|---|---|---|---|---|---|")

@@ -29,6 +29,7 @@ from ddtree_cli.bench.servers import EMBEDDED_ALGOS, ServeProcess, wait_all_read
 from ddtree_cli.bench.summary import (
     REFERENCE,
     ClientPass,
+    Comparison,
     Confounds,
     Files,
     Replica,
@@ -678,20 +679,12 @@ def build_summary(state: RunState) -> Summary:
         )
         base = state.baseline
         if base is not None and by_arm[base]:
-            compared = {
-                arm: analysis.compare(by_arm[arm], by_arm[base], name_a=arm, seed=opts.seed)
-                for arm in state.under_test
-                if by_arm[arm]
-            }
+            compared = _against(by_arm, base, state.under_test, opts.seed)
             point.comparison = compared.get(state.under_test[0])
             if len(state.under_test) > 1:
                 point.comparisons = compared
         if opts.time_reference and by_arm[REFERENCE]:
-            point.over_reference = {
-                arm: analysis.compare(by_arm[arm], by_arm[REFERENCE], name_a=arm, seed=opts.seed)
-                for arm in state.arms
-                if by_arm[arm]
-            }
+            point.over_reference = _against(by_arm, REFERENCE, state.arms, opts.seed)
         sweep.append(point)
     check = None
     if state.baseline is not None and opts.temperature == 0:
@@ -740,6 +733,17 @@ def build_summary(state: RunState) -> Summary:
         run_dir=str(state.run_dir),
         replicas=dict(state.routed) or None,
     )
+
+
+def _against(
+    by_arm: dict[str, list[PassResult]], other: str, arms: list[str], seed: int
+) -> dict[str, Comparison]:
+    """Each measured arm of ``arms`` against arm ``other``, by arm."""
+    return {
+        arm: analysis.compare(by_arm[arm], by_arm[other], name_a=arm, seed=seed)
+        for arm in arms
+        if by_arm[arm]
+    }
 
 
 def _lossless_against_baseline(state: RunState, records: list[dict[str, Any]]):

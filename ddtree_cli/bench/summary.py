@@ -180,6 +180,17 @@ class Comparison:
         return cls(**{name: Effect.from_json(entry) for name, entry in data.items()})
 
 
+def _by_arm_json(comparisons: dict[str, Comparison]) -> dict[str, Any]:
+    return {arm: c.to_json() for arm, c in comparisons.items()}
+
+
+def _by_arm_from_json(data: dict[str, Any], key: str) -> dict[str, Comparison] | None:
+    """``data[key]`` (arm -> comparison) rebuilt; None where the key is absent."""
+    if key not in data:
+        return None
+    return {arm: Comparison.from_json(c) for arm, c in data[key].items()}
+
+
 @dataclass
 class SweepPoint:
     concurrency: int
@@ -200,9 +211,9 @@ class SweepPoint:
             "comparison": self.comparison.to_json() if self.comparison else None,
         }
         if self.comparisons is not None:
-            out["comparisons"] = {arm: c.to_json() for arm, c in self.comparisons.items()}
+            out["comparisons"] = _by_arm_json(self.comparisons)
         if self.over_reference is not None:
-            out["over_reference"] = {arm: c.to_json() for arm, c in self.over_reference.items()}
+            out["over_reference"] = _by_arm_json(self.over_reference)
         return out
 
     @classmethod
@@ -211,14 +222,8 @@ class SweepPoint:
             concurrency=data["concurrency"],
             arms={arm: ArmMetrics.from_json(m) for arm, m in data["arms"].items()},
             comparison=Comparison.from_json(data["comparison"]),
-            comparisons={arm: Comparison.from_json(c) for arm, c in data["comparisons"].items()}
-            if "comparisons" in data
-            else None,
-            over_reference={
-                arm: Comparison.from_json(c) for arm, c in data["over_reference"].items()
-            }
-            if "over_reference" in data
-            else None,
+            comparisons=_by_arm_from_json(data, "comparisons"),
+            over_reference=_by_arm_from_json(data, "over_reference"),
         )
 
     def compared(self, first: str) -> dict[str, Comparison]:
@@ -263,8 +268,7 @@ class Confounds:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Confounds:
-        return cls([Difference(d["key"], d["values"]) for d in data["differences"]],
-                   data["allowed"])  # fmt: skip
+        return cls([Difference.from_json(d) for d in data["differences"]], data["allowed"])
 
 
 @dataclass
@@ -275,11 +279,11 @@ class Replica:
     server_info: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {"url": self.url, "server_info": self.server_info}
+        return dict(vars(self))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Replica:
-        return cls(data["url"], data["server_info"])
+        return cls(**data)
 
 
 @dataclass
@@ -307,7 +311,7 @@ class RoutedArm:
             router=data["router"],
             router_info=data["router_info"],
             replicas=[Replica.from_json(r) for r in data["replicas"]],
-            differences=[Difference(d["key"], d["values"]) for d in data["differences"]],
+            differences=[Difference.from_json(d) for d in data["differences"]],
         )
 
 
@@ -348,8 +352,7 @@ class Files:
     plots: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"requests": self.requests, "summary": self.summary, "report": self.report,
-                "plots": list(self.plots)}  # fmt: skip
+        return {**vars(self), "plots": list(self.plots)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Files:
@@ -406,6 +409,10 @@ class Summary:
         names = dict.fromkeys(arm for point in self.sweep for arm in point.arms)
         return [arm for arm in names if arm not in (self.baseline, REFERENCE)]
 
+    def compared(self, point: SweepPoint) -> dict[str, Comparison]:
+        """Arm under test -> its comparison with the baseline at ``point``."""
+        return point.compared(self.under_test[0] if self.under_test else self.algo)
+
     @property
     def headline_concurrency(self) -> int | None:
         return self.headline.concurrency if self.headline else None
@@ -430,7 +437,7 @@ class Summary:
             "comparison": self.comparison.to_json() if self.comparison else None,
         }
         if self.headline is not None and self.headline.comparisons is not None:
-            out["comparisons"] = self.headline.to_json()["comparisons"]
+            out["comparisons"] = _by_arm_json(self.headline.comparisons)
         out |= {
             "sweep": [point.to_json() for point in self.sweep],
             "lossless": self.lossless.to_json(),

@@ -138,12 +138,6 @@ class Prompt:
             return {"input_ids": list(self.input_ids)}
         return {"text": self.text}
 
-    def preview(self, width: int = 60) -> str:
-        if self.text is not None:
-            flat = " ".join(self.text.split())
-            return flat if len(flat) <= width else flat[: width - 1] + "…"
-        return f"<{len(self.input_ids or ())} token ids>"
-
 
 def load_workload(
     dataset: str, num_prompts: int, *, seed: int = 0, random_input_len: int = 32

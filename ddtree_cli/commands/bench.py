@@ -90,8 +90,7 @@ def _print_summary(summary: Summary) -> None:
                 f"{m.errors}/{m.requests}",
             )
         console.print(table)
-        first = summary.under_test[0] if summary.under_test else summary.algo
-        for arm, comp in point.compared(first).items():
+        for arm, comp in summary.compared(point).items():
             e = comp.output_tok_s
             ci = e.ci95 or (math.nan, math.nan)
             style = "bold" if "no clear" not in e.verdict else "yellow"
