@@ -104,9 +104,7 @@ def train_target(
 ) -> tuple[Qwen3Target, dict]:
     dev = device_setup(device)
     gen = seed_all(seed)
-    target = (
-        random_pair(cfg, DraftConfig(**draft_config_for(cfg)), seed=seed).target.to(dev).train()
-    )
+    target = random_pair(cfg, draft_config_for(cfg), seed=seed).target.to(dev).train()
     train, held = corpus.stream(False), corpus.stream(True)
     train_dev = train.to(dev)
     opt = adamw(target, lr, 0.1, dev)
