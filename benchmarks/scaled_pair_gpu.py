@@ -81,32 +81,6 @@ def read_prompts(path: str | None, count: int, length: int) -> list[list[int]]:
 # ------------------------------------------------------------------------ exact
 
 
-def build_modules(scaled, device, dtype):
-    """The engine's modules for a scaled pair, allocated on ``device`` (no host copy)."""
-    import torch
-
-    from ddtree_cli.engine.drafter import DFlashDrafter
-    from ddtree_cli.engine.target import Qwen3Target
-    from ddtree_cli.engine.weights import ModelPair
-
-    with torch.device(device):
-        target = Qwen3Target(scaled.target_config).to(dtype)
-        drafter = DFlashDrafter(
-            scaled.draft_config, scaled.target_config.max_position_embeddings
-        ).to(dtype)
-    for module, tensors in ((target, scaled.target_tensors()), (drafter, scaled.draft_tensors())):
-        params = dict(module.named_parameters())
-        seen = set()
-        with torch.no_grad():
-            for name, t in tensors:
-                params[name].copy_(t)
-                seen.add(name)
-        missing = set(params) - seen
-        if missing:
-            raise SystemExit(f"not built: {sorted(missing)[:3]}")
-    return ModelPair(target.eval(), drafter.eval(), scaled.scale.name, "-", False)
-
-
 def logits(pair, ids: list[int], device):
     import torch
 
@@ -139,7 +113,7 @@ def cmd_exact(args) -> dict:
     t0 = time.perf_counter()
     scaled = scale_pair(small, get_scale(args.scale), device=device, seed=args.seed,
                         construction=args.construction)  # fmt: skip
-    big = build_modules(scaled, device, torch.float32)
+    big = scaled.model_pair(device, torch.float32)
     build_s = time.perf_counter() - t0
     small.target.to(device)
     small.drafter.to(device)
@@ -258,7 +232,7 @@ def cmd_cost(args) -> dict:
     for construction in args.constructions:
         scaled = scale_pair(small, get_scale(args.scale), device=device, seed=args.seed,
                             construction=construction)  # fmt: skip
-        models[construction] = build_modules(scaled, device, torch.bfloat16).target
+        models[construction] = scaled.model_pair(device, torch.bfloat16).target
         torch.cuda.empty_cache()
     models["random"] = random_target(scaled.target_config, device, torch.bfloat16)
     report = {"scale": args.scale, "context": args.context, "constructions": args.constructions,

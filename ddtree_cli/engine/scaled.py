@@ -38,7 +38,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ddtree_cli.engine.drafter import DFlashDrafter
 from ddtree_cli.engine.model_config import DraftConfig, TargetConfig, check_pair
+from ddtree_cli.engine.target import Qwen3Target
 from ddtree_cli.engine.weights import ModelPair
 from ddtree_cli.errors import ConfigError
 
@@ -525,6 +527,29 @@ class ScaledPair:
             },
             "seed": self._seed,
         }
+
+    def model_pair(
+        self, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ) -> ModelPair:
+        """The engine's modules holding these tensors, allocated on ``device`` (no host copy)."""
+        with torch.device(device):
+            target = Qwen3Target(self.target_config).to(dtype)
+            drafter = DFlashDrafter(
+                self.draft_config, self.target_config.max_position_embeddings
+            ).to(dtype)
+        for module, tensors in ((target, self.target_tensors()), (drafter, self.draft_tensors())):
+            params = dict(module.named_parameters())
+            built = set()
+            with torch.no_grad():
+                for name, t in tensors:
+                    if name not in params:
+                        raise ConfigError(f"scaled tensor {name} has no parameter")
+                    params[name].copy_(t)
+                    built.add(name)
+            missing = set(params) - built
+            if missing:
+                raise ConfigError(f"scaled parameters not built: {sorted(missing)[:3]}")
+        return ModelPair(target.eval(), drafter.eval(), self.scale.name, "-", False)
 
     def _builder(self, offset: int) -> _Builder:
         dense = self.construction == "dense"

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import torch
 
+from ddtree_cli.engine.drafter import DFlashDrafter
+from ddtree_cli.engine.model_config import DraftConfig, TargetConfig
+from ddtree_cli.engine.target import Qwen3Target
 from ddtree_cli.engine.weights import MANIFEST
 from ddtree_cli.training import __doc__ as USAGE
 from ddtree_cli.training.corpus import Corpus, build_corpus
@@ -49,6 +52,62 @@ def gendata_meta(data: dict) -> dict:
     }
 
 
+def run_target(args, corpus: Corpus, out: Path, cfg: TargetConfig) -> tuple[Qwen3Target, dict]:
+    """Stage 2 with the command line's options."""
+    return train_target(
+        corpus,
+        out,
+        cfg,
+        device=args.device,
+        seconds=args.target_seconds,
+        max_steps=args.target_steps,
+        batch=args.batch,
+        seq=args.seq,
+    )
+
+
+def run_gendata(args, target: Qwen3Target, corpus: Corpus) -> dict:
+    """Stage 3 with the command line's options."""
+    return generate_data(
+        target,
+        corpus,
+        device=args.device,
+        seconds=args.gen_seconds,
+        max_seqs=args.gen_seqs,
+        batch=args.gen_batch,
+        prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens,
+    )
+
+
+def run_drafter(
+    args, target: Qwen3Target, data: dict, cfg: DraftConfig
+) -> tuple[DFlashDrafter, dict]:
+    """Stage 4 with the command line's options."""
+    return train_drafter(
+        target,
+        data,
+        cfg,
+        device=args.device,
+        seconds=args.drafter_seconds,
+        max_steps=args.drafter_steps,
+        batch=args.drafter_batch,
+        blocks=args.drafter_blocks,
+        lr=args.drafter_lr,
+    )
+
+
+def provenance(args, target_stats: dict | None, data: dict, drafter_stats: dict) -> dict:
+    """The manifest's ``training`` record: the stages' statistics and where they ran."""
+    return {
+        "target": target_stats,
+        "gendata": gendata_meta(data),
+        "drafter": drafter_stats,
+        "device": args.device,
+        "torch": torch.__version__,
+    }
+
+
 def pipeline(args) -> dict:
     """Stages 2-5 back to back, each one's outputs written as soon as it ends."""
     t0 = time.time()
@@ -64,45 +123,10 @@ def pipeline(args) -> dict:
             )
         log(f"target loaded from {args.target_from}: {tstats}")
     else:
-        target, tstats = train_target(
-            corpus,
-            out,
-            tcfg,
-            device=args.device,
-            seconds=args.target_seconds,
-            max_steps=args.target_steps,
-            batch=args.batch,
-            seq=args.seq,
-        )
-    data = generate_data(
-        target,
-        corpus,
-        device=args.device,
-        seconds=args.gen_seconds,
-        max_seqs=args.gen_seqs,
-        batch=args.gen_batch,
-        prompt_len=args.prompt_len,
-        new_tokens=args.new_tokens,
-    )
-    drafter, dstats = train_drafter(
-        target,
-        data,
-        dcfg,
-        device=args.device,
-        seconds=args.drafter_seconds,
-        max_steps=args.drafter_steps,
-        batch=args.drafter_batch,
-        blocks=args.drafter_blocks,
-        lr=args.drafter_lr,
-    )
-    prov = {
-        "corpus": corpus_meta(corpus),
-        "target": tstats,
-        "gendata": gendata_meta(data),
-        "drafter": dstats,
-        "device": args.device,
-        "torch": torch.__version__,
-    }
+        target, tstats = run_target(args, corpus, out, tcfg)
+    data = run_gendata(args, target, corpus)
+    drafter, dstats = run_drafter(args, target, data, dcfg)
+    prov = {"corpus": corpus_meta(corpus), **provenance(args, tstats, data, dstats)}
     del data
     save_trained_pair(target, drafter, out, prov)
     log(f"pair saved to {out} after {time.time() - t0:.0f}s")
@@ -196,50 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "corpus":
         print(json.dumps(build_corpus(args.out, args.max_files), indent=2))
     elif args.cmd == "target":
-        train_target(
-            Corpus.load(args.corpus),
-            args.out,
-            CONFIGS[args.config][0],
-            device=args.device,
-            seconds=args.target_seconds,
-            max_steps=args.target_steps,
-            batch=args.batch,
-            seq=args.seq,
-        )
+        run_target(args, Corpus.load(args.corpus), args.out, CONFIGS[args.config][0])
     elif args.cmd == "gendata":
         target = load_target(args.model)
-        data = generate_data(
-            target,
-            Corpus.load(args.corpus),
-            device=args.device,
-            seconds=args.gen_seconds,
-            max_seqs=args.gen_seqs,
-            batch=args.gen_batch,
-            prompt_len=args.prompt_len,
-            new_tokens=args.new_tokens,
-        )
+        data = run_gendata(args, target, Corpus.load(args.corpus))
         save_data(data, args.out)
     elif args.cmd == "drafter":
         target = load_target(args.model)
         data = load_data(args.data)
-        drafter, stats = train_drafter(
-            target,
-            data,
-            CONFIGS[args.config][1],
-            device=args.device,
-            seconds=args.drafter_seconds,
-            max_steps=args.drafter_steps,
-            batch=args.drafter_batch,
-            blocks=args.drafter_blocks,
-            lr=args.drafter_lr,
-        )
-        prov = {
-            "target": target_stats_of(args.model),
-            "gendata": gendata_meta(data),
-            "drafter": stats,
-            "device": args.device,
-            "torch": torch.__version__,
-        }
+        drafter, stats = run_drafter(args, target, data, CONFIGS[args.config][1])
+        prov = provenance(args, target_stats_of(args.model), data, stats)
         save_trained_pair(target, drafter, args.model, prov)
     elif args.cmd == "eval":
         res = evaluate(

@@ -38,14 +38,15 @@ def evaluate(
         torch.backends.cuda.matmul.allow_tf32 = False
     pair = load_pair(folder)
     held = corpus.stream(True)
+    identity = pair.identity()
     res: dict = {
         "device": torch.cuda.get_device_name(dev)
         if dev.type == "cuda"
         else platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "weights_sha256": pair.weights_sha256,
-        "target_params": pair.identity()["target_params"],
-        "draft_params": pair.identity()["draft_params"],
+        "target_params": identity["target_params"],
+        "draft_params": identity["draft_params"],
     }
     pair.target.to(dev)
     if ppl_windows:

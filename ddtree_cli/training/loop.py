@@ -46,6 +46,49 @@ def heldout_loss(target: Qwen3Target, stream: torch.Tensor, seq: int, max_window
     return total / max(count, 1)
 
 
+def adamw(model: torch.nn.Module, lr: float, weight_decay: float, dev: torch.device):
+    """AdamW with weight decay on the matrices only."""
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+        fused=dev.type == "cuda",
+    )
+
+
+def run_steps(
+    name: str,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    lr: float,
+    seconds: float,
+    max_steps: int,
+    step_loss,
+) -> tuple[int, torch.Tensor | None, float]:
+    """Optimiser steps on ``step_loss()`` until ``seconds`` or ``max_steps`` run out, the
+    learning rate following :func:`lr_schedule`. Returns (steps, last loss, start time)."""
+    start, step, last_log, loss = time.perf_counter(), 0, 0.0, None
+    while step < max_steps:
+        frac = max((time.perf_counter() - start) / seconds, step / max_steps)
+        if frac >= 1.0:
+            break
+        for group in opt.param_groups:
+            group["lr"] = lr_schedule(frac, lr)
+        loss = step_loss()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        now = time.perf_counter() - start
+        if now - last_log > 20 or step == 1:
+            last_log = now
+            log(f"{name} step {step} {now:.0f}s loss {loss.item():.3f}")
+    return step, loss, start
+
+
 def train_target(
     corpus: Corpus,
     out: Path,
@@ -61,42 +104,21 @@ def train_target(
 ) -> tuple[Qwen3Target, dict]:
     dev = device_setup(device)
     gen = seed_all(seed)
-    target = (
-        random_pair(cfg, DraftConfig(**draft_config_for(cfg)), seed=seed).target.to(dev).train()
-    )
+    target = random_pair(cfg, draft_config_for(cfg), seed=seed).target.to(dev).train()
     train, held = corpus.stream(False), corpus.stream(True)
     train_dev = train.to(dev)
-    decay = [p for n, p in target.named_parameters() if p.dim() == 2]
-    other = [p for n, p in target.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
-        lr=lr,
-        betas=(0.9, 0.95),
-        fused=dev.type == "cuda",
-    )
-    start, step, last_log = time.perf_counter(), 0, 0.0
+    opt = adamw(target, lr, 0.1, dev)
     offs = torch.arange(seq + 1, device=dev)
-    while step < max_steps:
-        frac = max((time.perf_counter() - start) / seconds, step / max_steps)
-        if frac >= 1.0:
-            break
-        for group in opt.param_groups:
-            group["lr"] = lr_schedule(frac, lr)
+
+    def step_loss() -> torch.Tensor:
         starts = torch.randint(0, len(train) - seq - 1, (batch,), generator=gen).to(dev)
         win = train_dev[starts.unsqueeze(1) + offs]
         with autocast(dev):
             hidden, _ = target_forward(target, win[:, :-1])
             logits = target.logits(hidden)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), win[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
-        opt.step()
-        step += 1
-        now = time.perf_counter() - start
-        if now - last_log > 20 or step == 1:
-            last_log = now
-            log(f"target step {step} {now:.0f}s loss {loss.item():.3f}")
+        return F.cross_entropy(logits.float().flatten(0, 1), win[:, 1:].flatten())
+
+    step, loss, start = run_steps("target", target, opt, lr, seconds, max_steps, step_loss)
     elapsed = time.perf_counter() - start
     target.eval()
     held_nats = heldout_loss(target, held.to(dev), seq, max_windows=512)
@@ -152,23 +174,11 @@ def train_drafter(
 
     lo, hi = int(data["prompt_len"]), seq - cfg.block_size  # anchors inside the continuation
     weights = torch.exp(-torch.arange(cfg.block_size - 1, device=dev) / gamma)
-    decay = [p for p in drafter.parameters() if p.dim() == 2]
-    other = [p for p in drafter.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": other, "weight_decay": 0.0}],
-        lr=lr,
-        betas=(0.9, 0.95),
-        fused=dev.type == "cuda",
-    )
+    opt = adamw(drafter, lr, 0.01, dev)
     held = torch.arange(n)[-max(1, min(256, n // 50)) :]  # last rows: validation
     train_rows = n - len(held)
-    start, step, last_log = time.perf_counter(), 0, 0.0
-    while step < max_steps:
-        frac = max((time.perf_counter() - start) / seconds, step / max_steps)
-        if frac >= 1.0:
-            break
-        for group in opt.param_groups:
-            group["lr"] = lr_schedule(frac, lr)
+
+    def step_loss() -> torch.Tensor:
         rows = torch.randint(0, max(train_rows, 1), (batch,), generator=gen).to(dev)
         anchors = torch.randint(lo, hi + 1, (batch, blocks), generator=gen).to(dev)
         with autocast(dev):
@@ -176,16 +186,9 @@ def train_drafter(
         ce = F.cross_entropy(
             logits.float().flatten(0, 2), labels.flatten(), reduction="none"
         ).view_as(labels)
-        loss = (ce * weights).sum(-1).mean() / weights.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        step += 1
-        now = time.perf_counter() - start
-        if now - last_log > 20 or step == 1:
-            last_log = now
-            log(f"drafter step {step} {now:.0f}s loss {loss.item():.3f}")
+        return (ce * weights).sum(-1).mean() / weights.sum()
+
+    step, loss, start = run_steps("drafter", drafter, opt, lr, seconds, max_steps, step_loss)
     drafter.eval()
     with torch.no_grad(), autocast(dev):
         g = torch.Generator().manual_seed(seed)

@@ -7,7 +7,7 @@ import copy
 import json
 import math
 import time
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -103,14 +103,12 @@ def autocast(dev: torch.device):
     return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
 
 
-def draft_config_for(cfg: TargetConfig) -> dict:
+def draft_config_for(cfg: TargetConfig) -> DraftConfig:
     """A drafter config matching ``cfg`` (only to build the target through ``random_pair``)."""
     for t, d in CONFIGS.values():
         if t == cfg:
-            return asdict(d)
-    d = asdict(TINY_DRAFT)
-    d.update(hidden_size=cfg.hidden_size, target_layer_ids=(0,))
-    return d
+            return d
+    return replace(TINY_DRAFT, hidden_size=cfg.hidden_size, target_layer_ids=(0,))
 
 
 def save_target(target: Qwen3Target, folder: Path) -> None:

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from ddtree_cli.engine.decoding import Engine, generate
-from ddtree_cli.engine.drafter import DFlashDrafter
 from ddtree_cli.engine.export import export_scaled
 from ddtree_cli.engine.scaled import (
     MARGIN,
@@ -43,13 +42,7 @@ TEXT = 'def scaled(pair, shape):\n    """Embed the pair."""\n    for name in sor
 @pytest.fixture(scope="module")
 def pairs() -> tuple[ModelPair, ModelPair]:
     small = load_embedded_pair()
-    scaled = scale_pair(small, SCALE, seed=5)
-    target = Qwen3Target(scaled.target_config)
-    target.load_state_dict(dict(scaled.target_tensors()), strict=True)
-    drafter = DFlashDrafter(scaled.draft_config, scaled.target_config.max_position_embeddings)
-    drafter.load_state_dict(dict(scaled.draft_tensors()), strict=True)
-    big = ModelPair(target.eval(), drafter.eval(), "scaled", "-", False)
-    return small, big
+    return small, scale_pair(small, SCALE, seed=5).model_pair()
 
 
 def test_logits_equal_the_small_targets_at_every_real_token(pairs):
