@@ -97,6 +97,33 @@ def ddtree_target_hybrid_reason(server_args: "ServerArgs") -> Optional[str]:
     return hybrid_reason_from_config(hf_config)
 
 
+def check_ddtree_algorithm(server_args: "ServerArgs", worker: str):
+    """The algorithm a DDTREE worker is built for, and the page size it needs: refused with
+    a clear error before any model loads. Returns the resolved ``SpeculativeAlgorithm``."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
+    if not algorithm.is_ddtree():
+        raise ValueError(
+            f"Unsupported speculative algorithm: {server_args.speculative_algorithm} "
+            f"({worker} runs DDTREE only)."
+        )
+    if int(server_args.page_size or 1) != 1:
+        raise ValueError(f"DDTREE requires page_size == 1, got {server_args.page_size}.")
+    return algorithm
+
+
+def refuse_hybrid_target(target_worker: Any, server_args: "ServerArgs") -> None:
+    """The worker's own hybrid gate, on the loaded model (``_handle_ddtree`` checks the
+    config before; this catches what the config did not say)."""
+    hybrid = getattr(target_worker.model_runner, "mambaish_config", None)
+    if hybrid is not None and not server_args.speculative_ddtree_allow_hybrid:
+        raise ValueError(
+            f"DDTREE refuses hybrid target models ({type(hybrid).__name__}); "
+            "pass --speculative-ddtree-allow-hybrid to override at your own risk."
+        )
+
+
 def validate_ddtree_request(req: "Req") -> Optional[str]:
     """Reject what DDTREE cannot serve yet, with a message the client sees."""
     if req.return_logprob:

@@ -23,7 +23,11 @@ from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import ddtree_tree
 from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput
-from sglang.srt.speculative.ddtree_utils import draft_topk_logprobs
+from sglang.srt.speculative.ddtree_utils import (
+    check_ddtree_algorithm,
+    draft_topk_logprobs,
+    refuse_hybrid_target,
+)
 from sglang.srt.speculative.dflash_worker import DFlashWorker
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -32,14 +36,7 @@ logger = logging.getLogger(__name__)
 
 def check_ddtree_worker_args(server_args: ServerArgs) -> SpeculativeAlgorithm:
     """What a DDTreeWorker needs from its arguments, checked before any model loads."""
-    algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
-    if not algorithm.is_ddtree():
-        raise ValueError(
-            f"Unsupported speculative algorithm: {server_args.speculative_algorithm} "
-            "(DDTreeWorker runs DDTREE only)."
-        )
-    if int(server_args.page_size or 1) != 1:
-        raise ValueError(f"DDTREE requires page_size == 1, got {server_args.page_size}.")
+    algorithm = check_ddtree_algorithm(server_args, "DDTreeWorker")
     # _handle_ddtree keeps two widths apart: the drafter's block and the target's verify
     # width (budget + 1), which sizes the target's graphs, attention metadata and the
     # scheduler's reservations.
@@ -77,12 +74,7 @@ class DDTreeWorker(DFlashWorker):
         target_worker: TpModelWorker,
     ):
         check_ddtree_worker_args(server_args)
-        hybrid = getattr(target_worker.model_runner, "mambaish_config", None)
-        if hybrid is not None and not server_args.speculative_ddtree_allow_hybrid:
-            raise ValueError(
-                f"DDTREE refuses hybrid target models ({type(hybrid).__name__}); "
-                "pass --speculative-ddtree-allow-hybrid to override at your own risk."
-            )
+        refuse_hybrid_target(target_worker, server_args)
         super().__init__(
             server_args,
             gpu_id,

@@ -40,12 +40,13 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import ddtree_tree
 from sglang.srt.speculative.ddtree_info_v2 import DDTreeVerifyInputV2
-from sglang.srt.speculative.ddtree_utils import draft_topk_logprobs
-from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
-from sglang.srt.speculative.spec_info import (
-    SpeculativeAlgorithm,
-    ddtree_draft_block_size,
+from sglang.srt.speculative.ddtree_utils import (
+    check_ddtree_algorithm,
+    draft_topk_logprobs,
+    refuse_hybrid_target,
 )
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.spec_info import ddtree_draft_block_size
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 try:  # 0.5.16 on
@@ -58,19 +59,6 @@ except ImportError:  # 0.5.14 - 0.5.16 resolve ServerArgs in place: it is the re
     from sglang.srt.server_args import get_global_server_args as get_spec
 
 logger = logging.getLogger(__name__)
-
-
-def check_ddtree_worker_args(server_args: ServerArgs) -> SpeculativeAlgorithm:
-    """What a DDTreeWorkerV2 needs from its arguments, checked before any model loads."""
-    algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
-    if not algorithm.is_ddtree():
-        raise ValueError(
-            f"Unsupported speculative algorithm: {server_args.speculative_algorithm} "
-            "(DDTreeWorkerV2 runs DDTREE only)."
-        )
-    if int(server_args.page_size or 1) != 1:
-        raise ValueError(f"DDTREE requires page_size == 1, got {server_args.page_size}.")
-    return algorithm
 
 
 def _verify_tree_greedy_func():
@@ -100,14 +88,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def __init__(self, server_args: ServerArgs, *args, **kwargs):
         # The DFlash v2 worker's own arguments (they differ between releases): the target
         # worker is always the last one.
-        check_ddtree_worker_args(server_args)
+        check_ddtree_algorithm(server_args, "DDTreeWorkerV2")
         target_worker: TpModelWorker = kwargs.get("target_worker", args[-1] if args else None)
-        hybrid = getattr(target_worker.model_runner, "mambaish_config", None)
-        if hybrid is not None and not server_args.speculative_ddtree_allow_hybrid:
-            raise ValueError(
-                f"DDTREE refuses hybrid target models ({type(hybrid).__name__}); "
-                "pass --speculative-ddtree-allow-hybrid to override at your own risk."
-            )
+        refuse_hybrid_target(target_worker, server_args)
         super().__init__(server_args, *args, **kwargs)
         if (
             getattr(self, "_is_domino", False)
