@@ -220,22 +220,27 @@ def server_env(state: Path) -> dict[str, str]:
     return env
 
 
-def cmd_scale(args) -> int:
-    """Build ``ckpt/<name>`` from the bundle's client: the shipped trained pair embedded in
-    Qwen3-8B's shape (16 GB target, 2 GB drafter; built on this GPU, never transferred)."""
-    state = state_dir(args)
-    out = state / "bundle" / "ckpt" / args.name
-    env = dict(os.environ)
-    env["PYTHONPATH"] = args.client or str(state / "bundle" / "client")
-    cmd = [sys.executable, "-m", "ddtree_cli.engine.export", "--scale", args.scale, str(out)]
+def build_scaled(state: Path, name: str, scale: str, client: str | None) -> dict:
+    """Build ``ckpt/<name>`` from the bundle's client (or ``client``): the shipped trained pair
+    embedded in Qwen3-8B's shape (16 GB target, 2 GB drafter; built on this GPU, never
+    transferred). Raises RuntimeError with the exporter's error."""
+    out = state / "bundle" / "ckpt" / name
+    cmd = [sys.executable, "-m", "ddtree_cli.engine.export", "--scale", scale, str(out)]
     start = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=client_env(state, client), capture_output=True, text=True)
     if proc.returncode:
-        print(proc.stderr[-3000:], file=sys.stderr)
-        return proc.returncode
+        raise RuntimeError(f"export --scale {scale} failed: {proc.stderr[-3000:]}")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(json.dumps({"ckpt": args.name, "seconds": round(time.monotonic() - start, 1),
-                      "files": len(summary["sha256"])}))  # fmt: skip
+    return {"ckpt": name, "seconds": round(time.monotonic() - start, 1),
+            "files": len(summary["sha256"])}  # fmt: skip
+
+
+def cmd_scale(args) -> int:
+    try:
+        print(json.dumps(build_scaled(state_dir(args), args.name, args.scale, args.client)))
+    except RuntimeError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -724,27 +729,36 @@ def summarise_trace(path: Path, top: int = 25) -> dict:
     return out
 
 
-def cmd_profile(args) -> int:
-    """Profile ``--steps`` forward steps of a running server under load, then summarise."""
-    out = Path(args.output).resolve()
+def profile_server(port: int, name: str, out: Path, rows: list[list[int]], steps: int,
+                   max_new: int, top: int = 25, wait: float = 120) -> list[dict]:  # fmt: skip
+    """Profile ``steps`` forward steps of the server on ``port`` while it decodes ``rows``
+    (all at once), then summarise the trace into ``out/summary-<name>.json``."""
+    out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*.trace.json*"))
-    status, body = http(f"http://127.0.0.1:{PORTS[args.arm]}/start_profile",
-                        {"output_dir": str(out), "num_steps": args.steps,
-                         "activities": ["CPU", "GPU"], "profile_prefix": args.arm})  # fmt: skip
+    status, body = http(f"http://127.0.0.1:{port}/start_profile",
+                        {"output_dir": str(out), "num_steps": steps,
+                         "activities": ["CPU", "GPU"], "profile_prefix": name})  # fmt: skip
     if status != 200:
-        raise SystemExit(f"/start_profile on {args.arm}: HTTP {status}: {str(body)[:300]}")
-    # Enough decode rounds for --steps: every request runs to --max-new (ignore_eos).
-    rows = prompt_rows(args, seed=3)
-    generate(PORTS[args.arm], rows if len(rows) > 1 else rows[0], args.max_new)
-    deadline = time.monotonic() + args.wait
+        raise SystemExit(f"/start_profile on {name}: HTTP {status}: {str(body)[:300]}")
+    # Enough decode rounds for the steps: every request runs to max_new (ignore_eos).
+    generate(port, rows if len(rows) > 1 else rows[0], max_new)
+    deadline = time.monotonic() + wait
     while not (new := set(out.glob("*.trace.json*")) - before):
         if time.monotonic() > deadline:
-            raise SystemExit(f"no trace in {out} after {args.wait:.0f} s")
+            raise SystemExit(f"no trace in {out} after {wait:.0f} s")
         time.sleep(1)
     time.sleep(2)  # the writer may still be flushing
-    summary = [summarise_trace(t, args.top) for t in sorted(new)]
-    (out / f"summary-{args.arm}.json").write_text(json.dumps(summary, indent=1))
+    summary = [summarise_trace(t, top) for t in sorted(new)]
+    (out / f"summary-{name}.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def cmd_profile(args) -> int:
+    """Profile ``--steps`` forward steps of a running server under load, then summarise."""
+    summary = profile_server(PORTS[args.arm], args.arm, Path(args.output),
+                             prompt_rows(args, seed=3), args.steps, args.max_new, args.top,
+                             args.wait)  # fmt: skip
     print(json.dumps(summary)[:4000])
     return 0
 
@@ -772,11 +786,12 @@ class Validation:
     """One call of ``validate``: what is done (kept in ``results/progress.json`` across
     calls), the time left, and the results folder that goes back as ``results.tgz``."""
 
-    def __init__(self, args):
+    def __init__(self, args, folder: str = "results", estimates: dict | None = None):
         self.args = args
         self.t0 = time.monotonic()
         self.state = state_dir(args)
-        self.results = self.state / "results"
+        self.estimates = ESTIMATE_S if estimates is None else estimates
+        self.results = self.state / folder
         self.results.mkdir(exist_ok=True)
         self.progress_file = self.results / "progress.json"
         self.progress = (json.loads(self.progress_file.read_text())
@@ -800,7 +815,7 @@ class Validation:
         self.progress_file.write_text(json.dumps(self.progress, indent=1))
 
     def fits(self, step: str, kind: str | None = None) -> bool:
-        return self.left() >= ESTIMATE_S[kind or step]
+        return self.left() >= self.estimates[kind or step]
 
     def write(self, path: str, data) -> None:
         (self.results / path).write_text(json.dumps(data, indent=1))
@@ -925,7 +940,9 @@ def cmd_validate(args) -> int:
         return v.finish(f"failed: {type(exc).__name__}: {str(exc)[:800]}", 1)
 
 
-def validate(v: Validation) -> int:
+def receive_and_install(v: Validation) -> int | None:
+    """The pieces this call carries, then the install once all have arrived: None when the
+    bundle is installed, else the call's exit code (its status written)."""
     args, state = v.args, v.state
     if not (state / "bundle" / ".complete").is_file():
         if args.pieces:
@@ -942,6 +959,13 @@ def validate(v: Validation) -> int:
         if code:
             return v.finish(f"failed: install: {text[-500:]}", 1)
         v.record("install", check=text, contents=contents(state))
+    return None
+
+
+def validate(v: Validation) -> int:
+    args, state = v.args, v.state
+    if (code := receive_and_install(v)) is not None:
+        return code
     c = contents(state)
     args.ckpt = args.ckpt or ("trained" if "trained" in c.get("checkpoints", []) else "random")
     if args.prompt_file is None and args.ckpt == "trained" and "heldout" in c.get("prompts", []):

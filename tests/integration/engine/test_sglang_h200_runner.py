@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tarfile
@@ -27,38 +26,16 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_cli.engine.export import export_pair, random_export_pair
-from tests.sglang_h200 import load_script
+from tests.sglang_h200 import free_base, standin_bundle
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]
 RUN = REPO / "benchmarks" / "sglang_h200" / "run.py"
 
 
-def _free_base(count: int = 3) -> int:
-    """``count`` consecutive free ports (run.py uses base, base + 1, base + 2, ...)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        socks = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    base = _free_base()
+    base = free_base()
     procs = []
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for i, algo in enumerate(("ar", "dflash", "ddtree")):
@@ -109,62 +86,10 @@ def test_bench_step_runs_ddtree_bench_against_the_three_servers(servers, tmp_pat
     assert "ci95" in summary["comparison"]["output_tok_s"]
 
 
-# The stand-in for SGLang's launcher (see the module docstring).
-LAUNCH_SERVER = """
-import argparse, json, os, sys
-from pathlib import Path
-p = argparse.ArgumentParser()
-for flag in ("--port", "--model-path", "--speculative-algorithm", "--speculative-ddtree-budget",
-             "--page-size", "--attention-backend", "--cuda-graph-max-bs-decode"):
-    p.add_argument(flag)
-a, _ = p.parse_known_args()
-algo = (a.speculative_algorithm or "ar").lower()
-if algo == "ddtree":
-    config = json.loads((Path(a.model_path) / "config.json").read_text())
-    if a.page_size != "1":
-        sys.exit("ValueError: DDTREE requires --page-size 1")
-    if a.attention_backend != "triton":
-        sys.exit("ValueError: DDTREE requires --attention-backend triton or flashinfer")
-    if config.get("model_type") == "qwen3_next":
-        sys.exit("ValueError: DDTREE refuses hybrid target models")
-assert a.cuda_graph_max_bs_decode, "run.py passes 0.5.17's graph flag"
-cmd = [sys.executable, "-m", "ddtree_cli.engine", "--algo", algo, "--port", a.port]
-if a.speculative_ddtree_budget:
-    cmd += ["--budget", a.speculative_ddtree_budget]
-os.execv(sys.executable, cmd)
-"""
-
-
-def _standin_bundle(tmp_path: Path) -> Path:
-    """Pieces of a bundle for "SGLang 0.5.17", patched, with a trained pair, made by
-    prepare.py's build_tar and split; the checkpoint is a real export (the stand-in serves
-    the engine's own weights, the target config is what the refusals read)."""
-    prepare = load_script("prepare")
-    site, snap = tmp_path / "site", tmp_path / "snap"
-    (site / "sgl_kernel").mkdir(parents=True)
-    (site / "sgl_kernel" / "__init__.py").write_text("")
-    (snap / "sglang").mkdir(parents=True)
-    (snap / "sglang" / "__init__.py").write_text('__version__ = "0.5.17"\n')
-    (snap / "sglang" / "launch_server.py").write_text(LAUNCH_SERVER)
-    (snap / "sglang-0.5.17.dist-info").mkdir()
-    (snap / "sglang-0.5.17.dist-info" / "METADATA").write_text("Name: sglang\nVersion: 0.5.17\n")
-    ckpt = tmp_path / "ckpt" / "trained"
-    export_pair(random_export_pair(block_size=16), ckpt, dtype="float32")
-    contents = {"sglang": "0.5.17", "patched": True, "checkpoints": ["trained"], "prompts": []}
-    tar = tmp_path / "bundle.tar.xz"
-    prepare.build_tar(tar, site, snap, [ckpt], contents)
-    pieces = tmp_path / "pieces"
-    pieces.mkdir()
-    manifest = prepare.split(tar, pieces, 1)
-    (pieces / "manifest.json").write_text(json.dumps(manifest))
-    assert len(manifest["pieces"]) >= 2
-    return pieces
-
-
 def test_validate_runs_the_whole_sequence_over_calls(tmp_path):
-    pieces = _standin_bundle(tmp_path)
+    pieces = standin_bundle(tmp_path)
     names = sorted(p.name for p in pieces.iterdir() if p.name != "manifest.json")
-    base = _free_base(10)
+    base = free_base(10)
     out = tmp_path / "out"
     flags = ["--out", str(out), "--budgets", "15,64", "--concurrency", "1", "--trials", "3",
              "--agree-prompts", "4", "--bench-prompts", "5", "--prompt-len", "8",

@@ -1,0 +1,340 @@
+"""The DDTREE/DFLASH crossover map at Qwen3-8B's cost, on patched SGLang, resumable across calls.
+
+    python3 benchmarks/sglang_h200/crossover.py --pieces PIECE_DIR --out OUT   # one call per piece
+    python3 benchmarks/sglang_h200/crossover.py --out OUT                      # again until done
+
+Standard library only, like run.py, whose steps it strings together (the bundle is
+prepare.py's, with the trained pair; ``contents.json`` names the SGLang release). In order,
+each step recorded in ``map/progress.json`` under the state folder so that the next call
+resumes where this one stopped (a step that would run past ``--until`` is not started; exit 3
+means "call again"):
+
+1. receive the pieces, install;
+2. ``scale``: the trained pair in Qwen3-8B's shape, built here (``ckpt/scaled``);
+3. phase A servers, all started at once: the scaled pair's plain, DFLASH and DDTREE at the
+   phase-A budgets (the first on base + 2, which ``scaled_pair_gpu.py agree`` reads), and the
+   small pair's plain, DFLASH and DDTREE (first budget) on the small base;
+4. ``agree``: every arm of the scaled pair against the same arm of the small pair
+   (``scaled_pair_gpu.py agree``), then the small pair's servers stop;
+5. ``A-cN``: one interleaved ``ddtree bench`` per concurrency: every phase-A DDTREE budget
+   (``ddtree-bN`` arms) against DFLASH, plain timed as the reference, ``--prompts-per``
+   prompts at that concurrency;
+6. ``profile-ARM-cN``: SGLang's profiler over 20 decode steps of DFLASH and DDTREE at the
+   profile budgets, at each profile concurrency (summaries only; the traces are dropped);
+7. phase B: the phase-A DDTREE servers stop, the phase-B budgets start (memory: six 8B-cost
+   servers do not fit on one H200 with their KV pools and graphs); ``B-cN`` benches them
+   against the same DFLASH server, plain timed again unless ``--no-reference-b``.
+
+Memory. SGLang 0.5.13 sizes a KV pool as ``free after load - free at start x (1 -
+mem_fraction_static)``: with several 8B servers on one GPU a fraction that leaves room for
+the others makes the later ones' pools negative. Every server gets the same
+``--mem-fraction-static`` (0.9: the confound guard compares it) and the same
+``--max-total-tokens`` cap, so each pool is the cap whatever the order the servers profile
+in, and what is left holds every server's graphs. The cap (20000 tokens) holds 32 requests of
+64 prompt + 128 new tokens + a 129-token verify window with room to spare.
+
+Results: ``OUT/status.json`` and ``OUT/results.tgz`` (every step's JSON, the bench folders,
+server command lines, profile summaries, log excerpts) after every call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run  # noqa: E402  (run.py, beside this file)
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+# Seconds a step may take at most (estimates for the 8B-cost pair on an H200, with margin).
+# Starting servers is resumable (they outlive the call), so its estimate is only the launch.
+ESTIMATES = {"install": 60, "scale": 150, "servers": 60, "agree": 150, "bench": 240,
+             "profile": 60, "phase-b": 60}  # fmt: skip
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def prompts_at(concurrency: int, per: int, floor: int) -> int:
+    """Prompts per pass at a concurrency: ``per`` per request in flight (the bench wants at
+    least 5), never fewer than ``floor``."""
+    return max(floor, per * concurrency)
+
+
+def servers_for(state: Path, args, budgets: list[int], version: str) -> dict:
+    """name -> (port, command) of one phase: the scaled pair's plain, DFLASH and one DDTREE
+    server per budget on base, base + 1, base + 2 + slot (a budget keeps its slot in both
+    phases), all with the same flags but the algorithm."""
+    flags = ["--max-total-tokens", str(args.max_total_tokens)]
+    every = args.budgets_a + args.budgets_b
+    out = {}
+    arms = [("plain", "plain", None, 0), ("dflash", "dflash", None, 1)]
+    arms += [(f"ddtree-n{b}", "ddtree", b, 2 + every.index(b)) for b in budgets]
+    for name, arm, budget, slot in arms:
+        port = args.base + slot
+        cmd = run.server_cmd(state, arm, args.ckpt, None, budget, port, args.mem_fraction,
+                             args.max_bs, flags, version)  # fmt: skip
+        out[name] = (port, cmd)
+    return out
+
+
+def small_servers(state: Path, args, version: str) -> dict:
+    """The small (trained) pair's plain, DFLASH and DDTREE at the first phase-A budget on the
+    small base, for ``agree``; same flags as the scaled pair's."""
+    flags = ["--max-total-tokens", str(args.max_total_tokens)]
+    out = {}
+    for i, (arm, budget) in enumerate((("plain", None), ("dflash", None),
+                                       ("ddtree", args.budgets_a[0]))):  # fmt: skip
+        port = args.small_base + i
+        cmd = run.server_cmd(state, arm, args.small_ckpt, None, budget, port, args.mem_fraction,
+                             args.max_bs, flags, version)  # fmt: skip
+        out[f"small-{arm}"] = (port, cmd)
+    return out
+
+
+def start(v: run.Validation, servers: dict) -> None:
+    """Start every server in ``servers`` not already running (its pid file names it); a
+    server that was started in an earlier call and is gone is an error."""
+    for name, (_, cmd) in servers.items():
+        pidfile = v.state / f"{name}.pid"
+        if pidfile.is_file() and run.alive(int(pidfile.read_text())):
+            continue
+        if name in v.progress["started"]:
+            raise RuntimeError(run.exited(v.state, name))
+        run.start_server(v.state, name, cmd)
+        v.progress["started"][name] = time.time()
+        v.save()
+
+
+def wait_healthy(v: run.Validation, servers: dict) -> bool:
+    """Until every server answers /health (True) or the call's time is nearly up (False); a
+    server that exits is an error naming its log."""
+    while not all(run.healthy(port) for port, _ in servers.values()):
+        for name in servers:
+            if not run.alive(int((v.state / f"{name}.pid").read_text())):
+                raise RuntimeError(run.exited(v.state, name))
+        if v.left() < 20:
+            return False
+        time.sleep(2)
+    return True
+
+
+def stop(v: run.Validation, names) -> None:
+    for name in names:
+        run.stop_server(v.state, name)
+
+
+def write_prompts(v: run.Validation, rows: list[list[int]], name: str) -> Path:
+    path = v.results / name
+    path.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows))
+    return path
+
+
+def bench_step(v: run.Validation, step: str, servers: dict, budgets: list[int],
+               concurrency: int, reference: bool) -> int:  # fmt: skip
+    """One interleaved ``ddtree bench`` at one concurrency: every DDTREE budget of the phase
+    against DFLASH (plain timed as the reference when ``reference``). Run without
+    ``--allow-mismatch`` first (the confound guard on the real servers); a refusal is kept in
+    ``STEP.guard.txt`` and the bench rerun with it. 124: cut at the call's end."""
+    args, state = v.args, v.state
+    count = prompts_at(concurrency, args.prompts_per, args.prompts_floor)
+    rows = run.load_rows(state, args.prompt_file, count, 64, args.vocab, seed=2)
+    dataset = write_prompts(v, rows, f"prompts-c{concurrency}.jsonl")
+    output = v.results / step
+    urls = [f"ddtree-b{b}=http://127.0.0.1:{servers[f'ddtree-n{b}'][0]}" for b in budgets]
+    cmd = [sys.executable, "-m", "ddtree_cli", "bench", "--algo", "ddtree", "--baseline", "dflash",
+           *[x for u in urls for x in ("--url", u)],
+           "--url", f"dflash=http://127.0.0.1:{servers['dflash'][0]}",
+           "--reference", f"http://127.0.0.1:{servers['plain'][0]}",
+           *(["--time-reference"] if reference else []),
+           "--dataset", str(dataset), "--num-prompts", str(count),
+           "--max-new-tokens", str(args.max_new), "--temperature", "0",
+           "--concurrency", str(concurrency), "--trials", str(args.trials),
+           "--json", "--output", str(output)]  # fmt: skip
+    log, err = v.results / f"{step}.stdout.json", v.results / f"{step}.stderr.txt"
+
+    def bench(extra: list[str]) -> int:
+        shutil.rmtree(output, ignore_errors=True)  # a bench cut short in an earlier call
+        with log.open("w") as f, err.open("w") as e:
+            try:
+                return subprocess.run(cmd + extra, env=run.client_env(state, args.client),
+                                      stdout=f, stderr=e,
+                                      timeout=max(10.0, v.left() - 15)).returncode  # fmt: skip
+            except subprocess.TimeoutExpired:
+                return 124
+
+    code = bench([])
+    refusal = err.read_text(errors="replace")
+    if code in (0, 124) or "more than the algorithm" not in refusal:
+        return code
+    (v.results / f"{step}.guard.txt").write_text(refusal)
+    return bench(["--allow-mismatch"])
+
+
+def agree_step(v: run.Validation) -> dict:
+    args = v.args
+    rows = run.load_rows(v.state, args.prompt_file, args.agree_prompts, 64, args.vocab, seed=1)
+    dataset = write_prompts(v, rows, "prompts-agree.jsonl")
+    out = v.results / "agree.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "scaled_pair_gpu.py"), "agree",
+           "--prompt-file", str(dataset), "--prompts", str(len(rows)),
+           "--max-new", str(args.agree_new), "--out", str(out),
+           "--scaled-base", str(args.base), "--small-base", str(args.small_base)]  # fmt: skip
+    proc = subprocess.run(cmd, env=run.client_env(v.state, args.client), capture_output=True,
+                          text=True, timeout=max(10.0, v.left() - 10))  # fmt: skip
+    if proc.returncode:
+        raise RuntimeError(f"agree: {proc.stderr[-1500:]}")
+    report = json.loads(out.read_text())
+    return {arm: {"identical": r["identical"], "diverged": len(r["diverged"]),
+                  "max_margin": max((max(d["small_plain_top2_margin"],
+                                         d["scaled_plain_top2_margin"])
+                                     for d in r["diverged"]), default=None),
+                  "accept_length": r.get("accept_length")}
+            for arm, r in report["arms"].items()}  # fmt: skip
+
+
+def profile_step(v: run.Validation, name: str, port: int, concurrency: int) -> dict:
+    rows = run.load_rows(v.state, v.args.prompt_file, concurrency, 64, v.args.vocab, seed=3)
+    folder = v.results / "profile"
+    summary = run.profile_server(port, f"{name}-c{concurrency}", folder, rows, 20, 256,
+                                 wait=max(10.0, v.left() - 10))  # fmt: skip
+    for trace in folder.glob("*.trace.json*"):  # hundreds of MB at this size; summaries stay
+        trace.unlink()
+    kernels = summary[0].get("kernel", {}) if summary else {}
+    return {"kernel_us": kernels.get("total_us"), "kernels": kernels.get("events")}
+
+
+def plan(args) -> list[str]:
+    steps = ["scale", "servers-a", "agree"]
+    steps += [f"A-c{c}" for c in args.concurrency]
+    steps += [f"profile-{n}-c{c}" for c in args.profile_concurrency
+              for n in ["dflash", *[f"ddtree-n{b}" for b in args.profile_budgets]]]  # fmt: skip
+    if args.budgets_b:
+        steps += ["servers-b"] + [f"B-c{c}" for c in args.concurrency]
+    return steps
+
+
+def estimate(v: run.Validation, step: str) -> str:
+    """The ESTIMATES key for ``step``; a bench's estimate follows the slowest bench done so
+    far (x 1.3), so the first one measured sets the pace for the rest."""
+    if step[:2] in ("A-", "B-"):
+        done = [d["seconds"] for s, d in v.progress["done"].items()
+                if s[:2] in ("A-", "B-") and "seconds" in d]  # fmt: skip
+        if done:
+            v.estimates["bench"] = max(60.0, 1.3 * max(done))
+        return "bench"
+    if step.startswith("profile-"):
+        return "profile"
+    return {"servers-a": "servers", "servers-b": "phase-b"}.get(step, step)
+
+
+def crossover(v: run.Validation) -> int:
+    args, state = v.args, v.state
+    if (code := run.receive_and_install(v)) is not None:
+        return code
+    c = run.contents(state)
+    if args.prompt_file is None and "heldout" in c.get("prompts", []):
+        args.prompt_file = "heldout"
+    phase_a = servers_for(state, args, args.budgets_a, c["sglang"])
+    phase_b = servers_for(state, args, args.budgets_b, c["sglang"])
+    small = small_servers(state, args, c["sglang"])
+    v.write("servers.json", {n: {"port": p, "cmd": cmd}
+                             for n, (p, cmd) in {**phase_a, **phase_b, **small}.items()})  # fmt: skip
+    todo = [s for s in plan(args) if not v.done(s)]
+    for step in list(todo):
+        if not v.fits(step, estimate(v, step)):
+            return v.finish(f"incomplete: {len(todo)} steps left; call again", 3, todo)
+        if step == "scale":
+            if args.ckpt == "scaled" and not (state / "bundle" / "ckpt" / "scaled").is_dir():
+                v.record(step, **run.build_scaled(state, "scaled", args.scale, args.client))
+            else:
+                v.record(step, built=False, ckpt=args.ckpt)
+        elif step == "servers-a":
+            start(v, {**phase_a, **small})
+            if not wait_healthy(v, {**phase_a, **small}):
+                return v.finish("incomplete: servers still starting (left running)", 3, todo)
+            started = v.progress["started"]
+            v.record(step, after_s={n: round(time.time() - started[n], 1)
+                                    for n in {**phase_a, **small}})  # fmt: skip
+        elif step == "agree":
+            v.record(step, summary=agree_step(v))
+            stop(v, small)
+        elif step.startswith(("A-c", "B-c")):
+            phase_b_step = step.startswith("B")
+            servers, budgets = (
+                (phase_b, args.budgets_b) if phase_b_step else (phase_a, args.budgets_a)
+            )
+            reference = not (phase_b_step and args.no_reference_b)
+            began = time.monotonic()
+            code = bench_step(v, step, servers, budgets, int(step.split("-c")[1]), reference)
+            if code == 124:
+                return v.finish(f"incomplete: {step} cut at the call's end; call again", 3, todo)
+            v.record(step, returncode=code, seconds=round(time.monotonic() - began, 1))
+        elif step.startswith("profile-"):
+            name, conc = step.removeprefix("profile-").rsplit("-c", 1)
+            v.record(step, **profile_step(v, name, phase_a[name][0], int(conc)))
+        elif step == "servers-b":
+            stop(v, [n for n in phase_a if n.startswith("ddtree")] + list(small))
+            start(v, phase_b)
+            if not wait_healthy(v, phase_b):
+                return v.finish("incomplete: phase B servers still starting", 3, todo)
+            v.record(step)
+        todo.remove(step)
+    return v.finish("done", 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--state", default=os.environ.get("DDTREE_H200_STATE", "/tmp/ddtree-h200"))
+    p.add_argument("--vocab", type=int, default=260)
+    p.add_argument("--pieces", nargs="*", default=[])
+    p.add_argument("--out", default="crossover-out")
+    p.add_argument("--until", type=float, default=540)
+    p.add_argument("--ckpt", default="scaled", help="the pair to map (default: built by scale)")
+    p.add_argument("--small-ckpt", default="trained")
+    p.add_argument("--scale", default="qwen3-8b")
+    p.add_argument("--client", help="folder holding ddtree_cli (default: the bundle's)")
+    p.add_argument("--budgets-a", type=_ints, default=[64, 15, 32])
+    p.add_argument("--budgets-b", type=_ints, default=[128])
+    p.add_argument("--concurrency", type=_ints, default=[1, 8, 16, 32, 4, 2])
+    p.add_argument("--profile-concurrency", type=_ints, default=[1, 16])
+    p.add_argument("--profile-budgets", type=_ints, default=[15, 64])
+    p.add_argument("--prompts-per", type=int, default=5, help="prompts per request in flight")
+    p.add_argument("--prompts-floor", type=int, default=8)
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--max-new", type=int, default=128)
+    p.add_argument("--agree-prompts", type=int, default=100)
+    p.add_argument("--agree-new", type=int, default=64)
+    p.add_argument("--prompt-file", help="default: the bundle's heldout set")
+    p.add_argument("--no-reference-b", action="store_true", help="phase B without plain timed")
+    p.add_argument("--mem-fraction", type=float, default=0.9)
+    p.add_argument("--max-total-tokens", type=int, default=20000)
+    p.add_argument("--max-bs", type=int, default=32)
+    p.add_argument("--base", type=int, default=30000)
+    p.add_argument("--small-base", type=int, default=31000)
+    args = p.parse_args(argv)
+    if set(args.budgets_a) & set(args.budgets_b) or not args.budgets_a:
+        p.error("--budgets-a must be non-empty and share no budget with --budgets-b")
+    if args.profile_concurrency and not set(args.profile_budgets) <= set(args.budgets_a):
+        p.error("--profile-budgets must be phase-A budgets")
+    v = run.Validation(args, folder="map", estimates=ESTIMATES)
+    try:
+        return crossover(v)
+    except Exception as exc:  # whatever broke, the results so far still go back
+        import traceback
+
+        traceback.print_exc()
+        return v.finish(f"failed: {type(exc).__name__}: {str(exc)[:800]}", 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""benchmarks/sglang_h200/crossover.py over calls, against real servers on loopback.
+
+The bundle is prepare.py's own (``build_tar`` + ``split``) with a stand-in
+``sglang.launch_server`` that becomes the embedded engine with the flags' algorithm and
+budget (tests/sglang_h200.py; SGLang needs a GPU). The engine is lossless, so the scaled
+pair's outputs (here: the same checkpoint) must equal the small pair's, every bench must find
+no mismatch, and each phase's bench must carry its own budgets against the one DFLASH server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.sglang_h200 import free_base, load_script, standin_bundle
+
+pytestmark = [pytest.mark.http, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "benchmarks" / "sglang_h200" / "crossover.py"
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # the stand-in's engine imports ddtree_cli
+    return subprocess.run([sys.executable, str(SCRIPT), "--state", str(tmp_path / "state"), *args],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)  # fmt: skip
+
+
+def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
+    crossover = load_script("crossover")
+    assert [crossover.prompts_at(c, 5, 8) for c in (1, 2, 4, 32)] == [8, 10, 20, 160]
+    args = crossover.main.__globals__["argparse"].Namespace(
+        budgets_a=[64, 15, 32], budgets_b=[128], base=30000, small_base=31000, ckpt="scaled",
+        small_ckpt="trained", mem_fraction=0.9, max_bs=32, max_total_tokens=20000,
+    )  # fmt: skip
+    a = crossover.servers_for(tmp_path, args, args.budgets_a, "0.5.13")
+    b = crossover.servers_for(tmp_path, args, args.budgets_b, "0.5.13")
+    assert {n: p for n, (p, _) in a.items()} == {
+        "plain": 30000, "dflash": 30001, "ddtree-n64": 30002, "ddtree-n15": 30003,
+        "ddtree-n32": 30004}  # fmt: skip
+    assert {n: p for n, (p, _) in b.items()} == {"plain": 30000, "dflash": 30001,
+                                                 "ddtree-n128": 30005}  # fmt: skip
+    # Phase B's plain and DFLASH are phase A's servers (same commands), so they keep running.
+    assert a["plain"] == b["plain"] and a["dflash"] == b["dflash"]
+    for _, cmd in (*a.values(), *b.values()):
+        flags = " ".join(cmd)
+        assert "--mem-fraction-static 0.9" in flags and "--max-total-tokens 20000" in flags
+
+
+def test_the_map_runs_over_calls_and_resumes(tmp_path):
+    pieces = standin_bundle(tmp_path, version="0.5.13")
+    base, small = free_base(6), free_base(3)
+    out = tmp_path / "out"
+    flags = ["--out", str(out), "--ckpt", "trained", "--base", str(base), "--small-base",
+             str(small), "--budgets-a", "8,4", "--budgets-b", "2", "--concurrency", "1,2",
+             "--profile-concurrency", "", "--prompts-floor", "5", "--trials", "3",
+             "--max-new", "8", "--agree-prompts", "4", "--agree-new", "8",
+             "--client", str(REPO)]  # fmt: skip
+    state = tmp_path / "state"
+    try:
+        proc = _run(tmp_path, "--pieces", str(pieces), "--until", "1", *flags)
+        assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
+        status = json.loads((out / "status.json").read_text())
+        assert status["todo"] == ["install"] and not list(state.glob("*.pid"))
+        proc = _run(tmp_path, *flags)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        status = json.loads((out / "status.json").read_text())
+        assert status["status"] == "done", status
+        steps = ["scale", "servers-a", "agree", "A-c1", "A-c2", "servers-b", "B-c1", "B-c2"]
+        assert set(status["done"]) == {"install", *steps}
+        results = tmp_path / "results"
+        with tarfile.open(out / "results.tgz") as tar:
+            tar.extractall(results, filter="data")
+        results = results / "map"
+        agree = json.loads((results / "agree.json").read_text())
+        assert {a: r["identical"] for a, r in agree["arms"].items()} == {
+            "plain": 4, "dflash": 4, "ddtree": 4}  # fmt: skip
+        for step, arms in (("A-c1", {"ddtree-b8", "ddtree-b4", "dflash", "reference"}),
+                           ("A-c2", {"ddtree-b8", "ddtree-b4", "dflash", "reference"}),
+                           ("B-c1", {"ddtree-b2", "dflash", "reference"})):  # fmt: skip
+            summary = json.loads((results / step / "summary.json").read_text())
+            assert summary["lossless"]["mismatches"] == [] and summary["lossless"]["compared"]
+            assert set(summary["sweep"][0]["arms"]) == arms, step
+        # 5 prompts per request in flight, at least 5 (--prompts-floor).
+        assert json.loads((results / "A-c2" / "summary.json").read_text())["config"][
+            "num_prompts"
+        ] == 10
+        # Phase B stopped phase A's DDTREE servers and the small pair's.
+        assert sorted(p.stem for p in state.glob("*.pid")) == ["ddtree-n2", "dflash", "plain"]
+        # Called again, it redoes nothing.
+        proc = _run(tmp_path, *flags)
+        assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-1])["done"] == sorted(
+            {"install", *steps}
+        )
+    finally:
+        load_script("run").main(["--state", str(state), "stop", "all"])
