@@ -1,0 +1,137 @@
+"""The crossover map from the bench folders of a crossover run: a Markdown table and a heat map.
+
+    python benchmarks/crossover_report.py RESULTS [--png map.png] [--json cells.json]
+
+RESULTS holds one ``ddtree bench`` folder per phase and concurrency (``A-c1``, ``B-c32``, ...,
+as ``benchmarks/sglang_h200/crossover.py`` writes them); every arm under test (``ddtree-bN``)
+of every folder becomes one cell: its output tok/s over the DFLASH arm of the same bench (the
+ratio and 95 % CI ``ddtree bench`` computed, paired by trial), over plain decoding when the
+bench timed the reference, acceptance and inter-token latency (one streamed chunk per verify
+round) p50 of both. Nothing is recomputed: the figures are the benches' own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ARM = re.compile(r"^ddtree-b(\d+)$")
+
+
+def cells(results: Path) -> list[dict]:
+    out = []
+    for summary_file in sorted(results.glob("*/summary.json")):
+        summary = json.loads(summary_file.read_text())
+        for point in summary["sweep"]:
+            arms = point["arms"]
+            by_arm = point.get("comparisons") or {
+                a: point["comparison"] for a in arms if ARM.match(a)
+            }  # one arm under test: the two-arm form
+            for arm, comparison in by_arm.items():
+                budget = int(ARM.match(arm).group(1))
+                tok = comparison["output_tok_s"]
+                plain = (point.get("over_reference") or {}).get(arm, {}).get("output_tok_s")
+                dflash_plain = (point.get("over_reference") or {}).get("dflash", {})
+                out.append({
+                    "bench": summary_file.parent.name, "budget": budget,
+                    "concurrency": point["concurrency"],
+                    "ratio": tok["ratio"], "ci95": tok["ci95"], "verdict": tok["verdict"],
+                    "tok_s": arms[arm]["output_tok_s"], "dflash_tok_s": arms["dflash"]["output_tok_s"],
+                    "plain_tok_s": arms.get("reference", {}).get("output_tok_s"),
+                    "over_plain": plain and plain["ratio"],
+                    "over_plain_ci95": plain and plain["ci95"],
+                    "dflash_over_plain": dflash_plain.get("output_tok_s", {}).get("ratio"),
+                    "accept": arms[arm]["accept_length"],
+                    "dflash_accept": arms["dflash"]["accept_length"],
+                    "itl_p50": arms[arm]["itl_ms"]["p50"],
+                    "dflash_itl_p50": arms["dflash"]["itl_ms"]["p50"],
+                    "noisy": sorted(a for a in (arm, "dflash") if arms[a].get("noisy")),
+                    "confounds": summary["confounds"]["differences"],
+                })  # fmt: skip
+    return sorted(out, key=lambda c: (c["budget"], c["concurrency"]))
+
+
+def _ci(ci: list[float] | None) -> str:
+    return f"{ci[0]:.2f}–{ci[1]:.2f}" if ci else "–"
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| budget | conc. | DDTREE / DFLASH (95 % CI) | verdict | DDTREE / plain | DFLASH / plain "
+        "| tok/s DDTREE / DFLASH / plain | accept DDTREE / DFLASH | ITL p50 DDTREE / DFLASH |",
+        "|---:|---:|---|---|---|---|---|---|---|",
+    ]
+    for c in rows:
+        plain = f"{c['over_plain']:.2f} ({_ci(c['over_plain_ci95'])})" if c["over_plain"] else "–"
+        dfp = f"{c['dflash_over_plain']:.2f}" if c["dflash_over_plain"] else "–"
+        ref = f"{c['plain_tok_s']:,.0f}" if c["plain_tok_s"] else "–"
+        ratio = f"{c['ratio']:.3f} ({_ci(c['ci95'])})"
+        if c["ci95"][0] > 1 or c["ci95"][1] < 1:
+            ratio = f"**{ratio}**"
+        lines.append(
+            f"| {c['budget']} | {c['concurrency']} | {ratio} | {c['verdict']} | {plain} | {dfp} "
+            f"| {c['tok_s']:,.0f} / {c['dflash_tok_s']:,.0f} / {ref} "
+            f"| {c['accept']:.2f} / {c['dflash_accept']:.2f} "
+            f"| {c['itl_p50']:.1f} / {c['dflash_itl_p50']:.1f} ms |"
+        )
+    return "\n".join(lines)
+
+
+def heat_map(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    budgets = sorted({c["budget"] for c in rows})
+    concs = sorted({c["concurrency"] for c in rows})
+    grid = [[None] * len(concs) for _ in budgets]
+    for c in rows:
+        grid[budgets.index(c["budget"])][concs.index(c["concurrency"])] = c
+    values = [[(g["ratio"] if g else float("nan")) for g in r] for r in grid]
+    fig, ax = plt.subplots(figsize=(1.6 * len(concs) + 1.5, 0.9 * len(budgets) + 1.4))
+    norm = TwoSlopeNorm(vmin=min(0.5, *[v for r in values for v in r if v == v]), vcenter=1.0,
+                        vmax=max(1.5, *[v for r in values for v in r if v == v]))  # fmt: skip
+    ax.imshow(values, cmap="RdYlGn", norm=norm, aspect="auto")
+    for i, r in enumerate(grid):
+        for j, g in enumerate(r):
+            if g is None:
+                ax.text(j, i, "not run", ha="center", va="center", fontsize=8, color="grey")
+                continue
+            lo, hi = g["ci95"]
+            mark = "" if lo <= 1 <= hi else (" ▲" if lo > 1 else " ▼")
+            ax.text(j, i, f"{g['ratio']:.2f}{mark}\n{lo:.2f}–{hi:.2f}", ha="center",
+                    va="center", fontsize=8)  # fmt: skip
+    ax.set_xticks(range(len(concs)), [str(c) for c in concs])
+    ax.set_yticks(range(len(budgets)), [f"budget {b}" for b in budgets])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path)
+    p.add_argument("--png", type=Path)
+    p.add_argument("--json", type=Path)
+    p.add_argument("--title", default="DDTREE / DFLASH output tok/s (95 % CI; ▲▼ CI excludes 1)")
+    args = p.parse_args(argv)
+    rows = cells(args.results)
+    if not rows:
+        print(f"no bench folder with ddtree-bN arms under {args.results}", file=sys.stderr)
+        return 1
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    if args.png:
+        heat_map(rows, args.png, args.title)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
