@@ -75,6 +75,10 @@ def summarize_load(cpu_s: float, wall_s: float, lags_s: list[float]) -> ClientLo
     lags = np.asarray(lags_s or [0.0]) * 1000.0
     p50, p99 = (float(v) for v in np.percentile(lags, [50, 99]))
     worst = float(lags.max())
+    # Kept at the precision summary.json holds, so that report.md reads the same from this
+    # object as from the stored file.
+    cpu, wall_s = round(cpu, 4), round(wall_s, 3)
+    p50, p99, worst = round(p50, 3), round(p99, 3), round(worst, 3)
     warning = load_warning(cpu, p99)
     return ClientLoad(cpu, p50, p99, worst, wall_s, warning)
 

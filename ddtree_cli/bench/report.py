@@ -41,8 +41,13 @@ def render(summary: Summary) -> str:
     status = summary.status.value
     if status != "complete":
         out.append(f"> **{status.upper()}**: {summary.reason or ''} — partial results.\n")
+    prompts = (
+        f"{', '.join(map(str, cfg.num_prompts))} prompts (one count per concurrency)"
+        if isinstance(cfg.num_prompts, list)
+        else f"{cfg.num_prompts} prompts"
+    )
     out.append(
-        f"{cfg.num_prompts} prompts from `{cfg.dataset}`, max {cfg.max_new_tokens} new "
+        f"{prompts} from `{cfg.dataset}`, max {cfg.max_new_tokens} new "
         f"tokens, temperature {cfg.temperature}, concurrency {cfg.concurrency}, "
         f"{cfg.trials} interleaved trial(s) per arm (order randomised, seed {cfg.seed}), "
         f"{cfg.warmup} warmup request(s) per pass not counted. "
@@ -133,6 +138,8 @@ def _ci(entry: Effect) -> str:
 
 def _point(out: list[str], point: SweepPoint, summary: Summary) -> None:
     out.append(f"## Concurrency {point.concurrency}\n")
+    if point.num_prompts is not None:
+        out.append(f"{point.num_prompts} prompts per pass.\n")
     out.append(
         "| arm | output tok/s (95% CI) | req/s | accept length | TTFT p50/p99 ms | "
         "TPOT p50/p99 ms | ITL p50/p99 ms per chunk | tokens/chunk | errors | noise |"

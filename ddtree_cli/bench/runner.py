@@ -52,7 +52,7 @@ class Workload:
     """What a run measures when the options leave it open; it depends on the target."""
 
     dataset: str
-    min_prompts: int  # and never fewer than PROMPTS_PER_SLOT x the concurrency
+    min_prompts: int  # and never fewer than PROMPTS_PER_SLOT x the point's concurrency
     max_new_tokens: int
     trials: int
 
@@ -76,7 +76,9 @@ class BenchOptions:
     time_reference: bool = False
     # None: from the target's Workload (with_defaults).
     dataset: str | None = None
-    num_prompts: int | None = None
+    # One count for every point of the --concurrency sweep, or one per point (a list as long
+    # as ``concurrency``, in its order).
+    num_prompts: int | list[int] | None = None
     max_new_tokens: int | None = None
     temperature: float = 0.0
     concurrency: list[int] = field(default_factory=lambda: [1])
@@ -109,14 +111,35 @@ class BenchOptions:
     def with_defaults(self) -> BenchOptions:
         """These options with every workload field left open filled in for the target."""
         w = EMBEDDED_WORKLOAD if self.embedded else SERVER_WORKLOAD
-        need = PROMPTS_PER_SLOT * max(self.concurrency or [1])
         return replace(
             self,
             dataset=w.dataset if self.dataset is None else self.dataset,
-            num_prompts=max(need, w.min_prompts) if self.num_prompts is None else self.num_prompts,
+            num_prompts=default_prompts(w, self.concurrency or [1])
+            if self.num_prompts is None
+            else self.num_prompts,
             max_new_tokens=w.max_new_tokens if self.max_new_tokens is None else self.max_new_tokens,
             trials=w.trials if self.trials is None else self.trials,
         )
+
+    @property
+    def per_point(self) -> bool:
+        """Whether the sweep points have their own prompt counts (a list of them)."""
+        return isinstance(self.num_prompts, list)
+
+    def prompts_per_point(self) -> list[int]:
+        """The prompt count of each point of ``concurrency``, in its order (after
+        :meth:`with_defaults`)."""
+        n = self.num_prompts
+        assert n is not None
+        return list(n) if isinstance(n, list) else [n] * len(self.concurrency)
+
+
+def default_prompts(w: Workload, concurrency: list[int]) -> int | list[int]:
+    """What each point of a sweep gets when --num-prompts is not given: what a run at that
+    concurrency alone gets, the workload's minimum or PROMPTS_PER_SLOT x the concurrency,
+    whichever is larger. One count when every point gets the same."""
+    counts = [max(w.min_prompts, PROMPTS_PER_SLOT * c) for c in concurrency]
+    return counts[0] if len(set(counts)) == 1 else counts
 
 
 class Reporter(Protocol):
@@ -229,6 +252,9 @@ def prepare(opts: BenchOptions) -> tuple[list[str], list[Prompt]]:
         raise UsageError("--trials must be at least 1")
     if not opts.concurrency or min(opts.concurrency) < 1:
         raise UsageError("--concurrency needs positive integers, e.g. 1,4,16")
+    twice = sorted({c for c in opts.concurrency if opts.concurrency.count(c) > 1})
+    if twice:
+        raise UsageError(f"--concurrency {_csv(opts.concurrency)} lists {twice[0]} twice")
     if opts.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
     if not 0.0 <= opts.max_error_rate <= 1.0:
@@ -236,16 +262,53 @@ def prepare(opts: BenchOptions) -> tuple[list[str], list[Prompt]]:
     arms = resolve_arms(opts)
     if opts.time_reference and not opts.reference:
         raise UsageError("--time-reference needs --reference URL (the plain server to time)")
-    need = PROMPTS_PER_SLOT * max(opts.concurrency)
-    n = opts.num_prompts
-    if n < need:
-        raise UsageError(
-            f"--num-prompts {n} is below {PROMPTS_PER_SLOT} x the concurrency "
-            f"{max(opts.concurrency)} (= {need}): the run would never reach a steady state",
-            hint=f"use --num-prompts {need} or more",
-        )
-    prompts = load_workload(opts.dataset, n, seed=opts.seed, random_input_len=opts.random_input_len)
+    _check_prompt_counts(opts)
+    # The point with N prompts runs the first N of this list: exactly the prompts that
+    # --num-prompts N alone would choose (a seeded order that does not depend on N).
+    prompts = load_workload(
+        opts.dataset,
+        max(opts.prompts_per_point()),
+        seed=opts.seed,
+        random_input_len=opts.random_input_len,
+    )
     return arms, prompts
+
+
+def _check_prompt_counts(opts: BenchOptions) -> None:
+    """Every point gets at least PROMPTS_PER_SLOT x its concurrency prompts."""
+    n = opts.num_prompts
+    if not isinstance(n, list):
+        need = PROMPTS_PER_SLOT * max(opts.concurrency)
+        if n < need:
+            raise UsageError(
+                f"--num-prompts {n} is below {PROMPTS_PER_SLOT} x the concurrency "
+                f"{max(opts.concurrency)} (= {need}): the run would never reach a steady state",
+                hint=f"use --num-prompts {need} or more",
+            )
+        return
+    if len(n) != len(opts.concurrency):
+        raise UsageError(
+            f"--num-prompts {_csv(n)} has {_values(n)} but --concurrency "
+            f"{_csv(opts.concurrency)} has {_values(opts.concurrency)}",
+            hint="give one --num-prompts for every point, or one per concurrency in its order",
+        )
+    for count, c in zip(n, opts.concurrency, strict=True):
+        need = PROMPTS_PER_SLOT * c
+        if count < need:
+            raise UsageError(
+                f"--num-prompts {_csv(n)}: {count} prompts at concurrency {c} is below "
+                f"{PROMPTS_PER_SLOT} x the concurrency {c} (= {need}): that point would never "
+                "reach a steady state",
+                hint=f"give concurrency {c} {need} prompts or more",
+            )
+
+
+def _csv(values: list[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _values(values: list[int]) -> str:
+    return f"{len(values)} value{'' if len(values) == 1 else 's'}"
 
 
 def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
@@ -376,7 +439,8 @@ async def _main(state: RunState, servers: list[ServeProcess], reporter: Reporter
         await _reference_pass(state, ref_ep, sampling, reporter)
     alive = {s.arm: s for s in servers}
     rng = random.Random(opts.seed)
-    for concurrency in opts.concurrency:
+    for concurrency, count in zip(opts.concurrency, opts.prompts_per_point(), strict=True):
+        prompts = state.prompts[:count]
         for trial in range(1, opts.trials + 1):
             order = list(state.timed)
             rng.shuffle(order)
@@ -394,7 +458,7 @@ async def _main(state: RunState, servers: list[ServeProcess], reporter: Reporter
                     seed=opts.seed + trial,
                     incremental=bool(state.server_info[arm].get("incremental_streaming_output")),
                 )
-                await _one_pass(state, endpoints[arm], spec, alive.get(arm), reporter)
+                await _one_pass(state, endpoints[arm], spec, prompts, alive.get(arm), reporter)
     for ep in {id(ep): ep for ep in endpoints.values()}.values():
         ep.close()
 
@@ -403,10 +467,11 @@ async def _one_pass(
     state: RunState,
     ep: Endpoint,
     spec: PassSpec,
+    prompts: list[Prompt],
     server: ServeProcess | None,
     reporter: Reporter,
 ) -> None:
-    reporter.pass_started(spec.arm, spec.concurrency, spec.trial, len(state.prompts))
+    reporter.pass_started(spec.arm, spec.concurrency, spec.trial, len(prompts))
     monitor = ClientMonitor()
     monitor.start()
 
@@ -423,7 +488,7 @@ async def _one_pass(
     result = PassResult(spec.arm, spec.concurrency, spec.trial)
     state.passes.append(result)
     try:
-        await run_pass(ep, state.prompts, spec, on_record=on_record, alive=alive, result=result)
+        await run_pass(ep, prompts, spec, on_record=on_record, alive=alive, result=result)
     finally:
         load = await monitor.stop()
         state.client_load.append(ClientPass(spec.arm, spec.concurrency, spec.trial, load))
@@ -666,7 +731,7 @@ def build_summary(state: RunState) -> Summary:
     opts = state.opts
     records = [r for p in state.passes for r in p.records]
     sweep = []
-    for c in opts.concurrency:
+    for c, count in zip(opts.concurrency, opts.prompts_per_point(), strict=True):
         by_arm = {
             arm: [p for p in state.passes if p.arm == arm and p.concurrency == c]
             for arm in state.timed
@@ -676,6 +741,7 @@ def build_summary(state: RunState) -> Summary:
         point = SweepPoint(
             concurrency=c,
             arms={arm: analysis.arm_metrics(ps) for arm, ps in by_arm.items() if ps},
+            num_prompts=count if opts.per_point else None,
         )
         base = state.baseline
         if base is not None and by_arm[base]:
@@ -709,7 +775,7 @@ def build_summary(state: RunState) -> Summary:
         reference=opts.reference,
         config=RunConfig(
             dataset=opts.dataset,
-            num_prompts=len(state.prompts),
+            num_prompts=list(opts.num_prompts) if opts.per_point else len(state.prompts),
             max_new_tokens=opts.max_new_tokens,
             temperature=opts.temperature,
             concurrency=opts.concurrency,

@@ -203,10 +203,16 @@ class SweepPoint:
     # --time-reference: every arm against the plain reference server, by arm; None (and no
     # "over_reference" key in the JSON) otherwise.
     over_reference: dict[str, Comparison] | None = None
+    # Prompts per pass at this point when the points have their own counts (--num-prompts
+    # given as a list, or defaults that differ by concurrency); None (and no "num_prompts"
+    # key in the JSON) when one count, config.num_prompts, applies to every point.
+    num_prompts: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "concurrency": self.concurrency,
+        out: dict[str, Any] = {"concurrency": self.concurrency}
+        if self.num_prompts is not None:
+            out["num_prompts"] = self.num_prompts
+        out |= {
             "arms": {arm: m.to_json() for arm, m in self.arms.items()},
             "comparison": self.comparison.to_json() if self.comparison else None,
         }
@@ -224,6 +230,7 @@ class SweepPoint:
             comparison=Comparison.from_json(data["comparison"]),
             comparisons=_by_arm_from_json(data, "comparisons"),
             over_reference=_by_arm_from_json(data, "over_reference"),
+            num_prompts=data.get("num_prompts"),
         )
 
     def compared(self, first: str) -> dict[str, Comparison]:
@@ -237,7 +244,8 @@ class SweepPoint:
 @dataclass
 class RunConfig:
     dataset: str
-    num_prompts: int
+    # One count for every point, or (per-point counts) one per point of ``concurrency``.
+    num_prompts: int | list[int]
     max_new_tokens: int
     temperature: float
     concurrency: list[int]

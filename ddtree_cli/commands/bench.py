@@ -42,6 +42,21 @@ def _parse_concurrency(text: str) -> list[int]:
     return values
 
 
+def _parse_num_prompts(text: str | None) -> int | list[int] | None:
+    """One count (every point), or a comma list with one count per --concurrency point."""
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise UsageError(
+            f"--num-prompts {text}: expected an integer, or one per concurrency like 10,20,40"
+        )
+    return values[0] if len(values) == 1 else values
+
+
 class _RichReporter:
     def __init__(self, progress: Progress | None):
         self.progress = progress
@@ -156,10 +171,13 @@ def bench(
         ),
     ] = None,
     num_prompts: Annotated[
-        int | None,
+        str | None,
         typer.Option(
-            help="Prompts per pass (default: 16 on the embedded engine, else 5; "
-            "at least 5 x the largest concurrency)."
+            metavar="N[,N...]",
+            help="Prompts per pass: one count for every --concurrency point, or one per point "
+            "(--concurrency 1,8,32 --num-prompts 10,40,160); each at least 5 x its "
+            "concurrency. Default per point: 16 on the embedded engine, else 5, or 5 x the "
+            "concurrency if more."
         ),
     ] = None,
     max_new_tokens: Annotated[
@@ -240,7 +258,7 @@ def bench(
         reference=reference,
         time_reference=time_reference,
         dataset=dataset,
-        num_prompts=num_prompts,
+        num_prompts=_parse_num_prompts(num_prompts),
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         concurrency=_parse_concurrency(concurrency),

@@ -220,3 +220,97 @@ def test_a_timed_reference_with_another_model_is_refused(servers, tmp_path):
     assert "--allow-mismatch" in res.stderr
     assert res.stdout == ""
     assert not out.exists()
+
+
+def test_each_sweep_point_runs_its_own_prompt_count(servers, tmp_path):
+    """--num-prompts as a list, one count per --concurrency point: each point runs its own
+    number of prompts (the first N of one seeded list), and the lossless and reference checks
+    cover every point."""
+    out = tmp_path / "run"
+    res = bench(
+        "--url",
+        f"ddtree-b8={servers['ddtree-b8']}",
+        "--url",
+        f"dflash={servers['dflash']}",
+        "--reference",
+        servers["ar"],
+        "--concurrency",
+        "1,2",
+        "--num-prompts",
+        "5,10",
+        "--trials",
+        "2",
+        "--json",
+        "--output",
+        str(out),
+        *TINY,
+    )
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["status"] == "complete"
+    assert summary["config"]["num_prompts"] == [5, 10]
+    assert [(p["concurrency"], p["num_prompts"]) for p in summary["sweep"]] == [(1, 5), (2, 10)]
+    for point in summary["sweep"]:
+        for arm in ("ddtree-b8", "dflash"):
+            assert point["arms"][arm]["requests"] == 2 * point["num_prompts"]
+    records = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    timed = [r for r in records if r["trial"] > 0]
+    per_pass: dict[tuple, list[str]] = {}
+    for r in timed:
+        per_pass.setdefault((r["arm"], r["concurrency"], r["trial"]), []).append(r["prompt_id"])
+    assert set(per_pass) == {
+        (arm, c, t) for arm in ("ddtree-b8", "dflash") for c in (1, 2) for t in (1, 2)
+    }
+    for (_, c, _), ids in per_pass.items():
+        assert len(ids) == len(set(ids)) == {1: 5, 2: 10}[c]
+    # Concurrency 1 runs the first 5 of the 10 prompts concurrency 2 runs (index: the
+    # prompt's place in the pass's list).
+    at_c2 = {r["index"]: r["prompt_id"] for r in timed if r["concurrency"] == 2}
+    assert {r["prompt_id"] for r in timed if r["concurrency"] == 1} == {
+        at_c2[i] for i in range(5)
+    }
+    # The reference ran the largest count once; every point's outputs were checked.
+    assert len([r for r in records if r["arm"] == "reference"]) == 10
+    check = summary["lossless"]
+    assert check["strict"] and check["ok"] and check["compared"] == 2 * (5 + 10)
+    assert {a: (r["compared"], r["diverged"]) for a, r in check["reference"]["arms"].items()} == {
+        "ddtree-b8": (10, 0),
+        "dflash": (10, 0),
+    }
+    report = (out / "report.md").read_text()
+    assert "5, 10 prompts (one count per concurrency) from `math`" in report
+    assert "## Concurrency 1\n\n5 prompts per pass.\n" in report
+    assert "## Concurrency 2\n\n10 prompts per pass.\n" in report
+    rebuilt = Summary.from_json(json.loads((out / "summary.json").read_text()))
+    assert rebuilt.to_json() == json.loads((out / "summary.json").read_text())
+    assert render(rebuilt) == report
+
+
+@pytest.mark.parametrize(
+    ("counts", "message"),
+    [
+        ("5", "--num-prompts 5 is below 5 x the concurrency 2 (= 10)"),
+        ("5,9", "9 prompts at concurrency 2 is below 5 x the concurrency 2 (= 10)"),
+        ("5,10,20", "--num-prompts 5,10,20 has 3 values but --concurrency 1,2 has 2 values"),
+        ("5,x", "--num-prompts 5,x: expected an integer, or one per concurrency"),
+    ],
+)
+def test_prompt_counts_that_do_not_fit_the_sweep_are_refused(servers, tmp_path, counts, message):
+    out = tmp_path / "run"
+    res = bench(
+        "--url",
+        f"ddtree-b8={servers['ddtree-b8']}",
+        "--url",
+        f"dflash={servers['dflash']}",
+        "--concurrency",
+        "1,2",
+        "--num-prompts",
+        counts,
+        "--output",
+        str(out),
+        *TINY,
+    )
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr and "Traceback" not in res.stderr
+    assert res.stdout == ""
+    assert not out.exists()

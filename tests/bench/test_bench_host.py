@@ -48,8 +48,10 @@ def test_bench_switches_one_host_between_the_arms(tmp_path):
                 str(out),
                 "--trials",
                 "2",
+                "--concurrency",
+                "1,2",
                 "--num-prompts",
-                "5",
+                "5,10",
                 "--max-new-tokens",
                 "8",
                 "--dataset",
@@ -70,12 +72,15 @@ def test_bench_switches_one_host_between_the_arms(tmp_path):
         switches = summary["switches"]
         assert [s["arm"] for s in switches][:2] == ["ddtree", "dflash"]
         assert all(s["status"] in ("deployed", "unchanged") for s in switches)
-        # Both arms measured in every trial, on the one host.
-        assert {a: m["requests"] for a, m in summary["arms"].items()} == {
-            "ddtree": 10,
-            "dflash": 10,
-        }
-        assert summary["lossless"]["strict"] and summary["lossless"]["compared"] == 10
+        # Both arms measured in every trial at each point, on the one host, each point with
+        # its own prompt count (--num-prompts 5,10).
+        assert [(p["concurrency"], p["num_prompts"]) for p in summary["sweep"]] == [(1, 5), (2, 10)]
+        for point in summary["sweep"]:
+            assert {a: m["requests"] for a, m in point["arms"].items()} == {
+                "ddtree": 2 * point["num_prompts"],
+                "dflash": 2 * point["num_prompts"],
+            }
+        assert summary["lossless"]["strict"] and summary["lossless"]["compared"] == 2 * (5 + 10)
         assert summary["lossless"]["mismatches"] == []
         active = host.ssh(["systemctl", "is-active", "ddtree-embedded.service"]).stdout
         assert active.decode().strip() == "active"

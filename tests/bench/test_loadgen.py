@@ -81,6 +81,21 @@ def test_prompt_guard_and_arm_resolution():
     # Values and combinations of options: usage errors (exit 2), raised before anything runs.
     with pytest.raises(UsageError, match="below 5 x the concurrency 4"):
         prepare(BenchOptions(num_prompts=10, concurrency=[1, 4]))
+    # One count per point: each one against its own concurrency, the list as long as theirs.
+    with pytest.raises(UsageError, match="10 prompts at concurrency 4 is below 5 x"):
+        prepare(BenchOptions(num_prompts=[5, 10], concurrency=[1, 4]))
+    with pytest.raises(UsageError, match="--num-prompts 5,20,40 has 3 values but --concurrency "
+                       "1,4 has 2"):  # fmt: skip
+        prepare(BenchOptions(num_prompts=[5, 20, 40], concurrency=[1, 4]))
+    with pytest.raises(UsageError, match="--concurrency 4,1,4 lists 4 twice"):
+        prepare(BenchOptions(concurrency=[4, 1, 4]))
+    _, prompts = prepare(BenchOptions(num_prompts=[5, 20], concurrency=[1, 4], dataset="math"))
+    # The largest count is loaded; the point with N runs its first N, which are exactly the
+    # prompts --num-prompts N alone chooses.
+    assert [p.id for p in prompts[:5]] == [
+        p.id for p in prepare(BenchOptions(num_prompts=5, dataset="math"))[1]
+    ]
+    assert len(prompts) == 20
     arms, prompts = prepare(BenchOptions(concurrency=[1, 4]))
     assert arms == ["ddtree", "dflash"] and len(prompts) == 20
     arms, _ = prepare(BenchOptions(urls={"ddtree": "http://h:1"}))
@@ -140,8 +155,14 @@ def test_workload_defaults_follow_the_target():
         16,
         3,
     )
-    # The steady-state guard still sets the floor; given values always win.
-    assert BenchOptions(concurrency=[1, 8]).with_defaults().num_prompts == 40
+    # The steady-state guard sets the floor at each point of a sweep, which gets what a run
+    # at that concurrency alone would get; one count when they agree. Given values always win.
+    assert BenchOptions(concurrency=[1, 8]).with_defaults().num_prompts == [16, 40]
+    assert BenchOptions(concurrency=[1, 2]).with_defaults().num_prompts == 16
+    served_sweep = BenchOptions(urls={"ddtree": "http://h:1"}, concurrency=[1, 2, 8])
+    assert served_sweep.with_defaults().num_prompts == [5, 10, 40]
+    _, prompts = prepare(served_sweep)
+    assert len(prompts) == 40
     given = BenchOptions(dataset="chat", num_prompts=7, max_new_tokens=9, trials=2).with_defaults()
     assert (given.dataset, given.num_prompts, given.max_new_tokens, given.trials) == (
         "chat",
