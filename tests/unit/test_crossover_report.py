@@ -1,0 +1,65 @@
+"""benchmarks/crossover_report.py on the real crossover run it reports (H200, patched SGLang
+0.5.13, the scaled pair; benchmarks/results/sglang_h200_2026-12-02_crossover/): every arm
+under test of every bench becomes one cell holding that bench's own figures, in the
+multi-arm form (phase A) and the two-arm form (phase B) alike."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results" / "sglang_h200_2026-12-02_crossover"
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location(
+        "crossover_report", REPO / "benchmarks" / "crossover_report.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_arm_of_every_bench_is_one_cell_with_the_benchs_own_figures():
+    rows = _report().cells(RESULTS)
+    assert {(c["budget"], c["concurrency"]) for c in rows} == {
+        (b, c) for b in (15, 32, 64, 128) for c in (1, 8, 16, 32)
+    }
+    for cell in rows:
+        summary = json.loads((RESULTS / cell["bench"] / "summary.json").read_text())
+        (point,) = summary["sweep"]
+        arm = f"ddtree-b{cell['budget']}"
+        comparison = (point.get("comparisons") or {arm: point["comparison"]})[arm]
+        assert cell["ratio"] == comparison["output_tok_s"]["ratio"]
+        assert cell["ci95"] == comparison["output_tok_s"]["ci95"]
+        assert cell["accept"] == point["arms"][arm]["accept_length"]
+        # Plain was timed in phase A only (crossover.py --no-reference-b for phase B).
+        assert (cell["over_plain"] is None) == ("reference" not in point["arms"])
+    assert json.loads((RESULTS / "cells.json").read_text()) == rows
+
+
+def test_the_table_marks_ratios_whose_ci_excludes_one(tmp_path):
+    report = _report()
+    rows = report.cells(RESULTS)
+    lines = report.table(rows).splitlines()[2:]
+    assert len(lines) == len(rows)
+    for line, cell in zip(lines, rows, strict=True):
+        lo, hi = cell["ci95"]
+        assert ("**" in line) == (lo > 1 or hi < 1), line
+
+
+def test_no_bench_folder_is_one_line_and_exit_1(tmp_path, capsys):
+    assert _report().main([str(tmp_path)]) == 1
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_heat_map_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "map.png"
+    report = _report()
+    assert report.main([str(RESULTS), "--png", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
