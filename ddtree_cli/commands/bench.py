@@ -177,7 +177,7 @@ def bench(
             help="Prompts per pass: one count for every --concurrency point, or one per point "
             "(--concurrency 1,8,32 --num-prompts 10,40,160); each at least 5 x its "
             "concurrency. Default per point: 16 on the embedded engine, else 5, or 5 x the "
-            "concurrency if more."
+            "concurrency if more.",
         ),
     ] = None,
     max_new_tokens: Annotated[

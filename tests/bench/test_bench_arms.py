@@ -266,9 +266,7 @@ def test_each_sweep_point_runs_its_own_prompt_count(servers, tmp_path):
     # Concurrency 1 runs the first 5 of the 10 prompts concurrency 2 runs (index: the
     # prompt's place in the pass's list).
     at_c2 = {r["index"]: r["prompt_id"] for r in timed if r["concurrency"] == 2}
-    assert {r["prompt_id"] for r in timed if r["concurrency"] == 1} == {
-        at_c2[i] for i in range(5)
-    }
+    assert {r["prompt_id"] for r in timed if r["concurrency"] == 1} == {at_c2[i] for i in range(5)}
     # The reference ran the largest count once; every point's outputs were checked.
     assert len([r for r in records if r["arm"] == "reference"]) == 10
     check = summary["lossless"]

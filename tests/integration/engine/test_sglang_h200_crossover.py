@@ -87,9 +87,10 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
             assert summary["lossless"]["mismatches"] == [] and summary["lossless"]["compared"]
             assert set(summary["sweep"][0]["arms"]) == arms, step
         # 5 prompts per request in flight, at least 5 (--prompts-floor).
-        assert json.loads((results / "A-c2" / "summary.json").read_text())["config"][
-            "num_prompts"
-        ] == 10
+        assert (
+            json.loads((results / "A-c2" / "summary.json").read_text())["config"]["num_prompts"]
+            == 10
+        )
         # Phase B stopped phase A's DDTREE servers and the small pair's.
         assert sorted(p.stem for p in state.glob("*.pid")) == ["ddtree-n2", "dflash", "plain"]
         # Called again, it redoes nothing.
