@@ -1,0 +1,378 @@
+"""DDTree's budget per decode round: the candidate that commits the most tokens per second.
+
+``--budget auto`` lets the running batch pick DDTree's node budget ``B`` each round among a
+few candidates. For a batch of ``b`` requests the policy maximises
+
+    expected committed tokens per second = b * (1 + a(B)) / cost(bucket(b), B + 1)
+
+where ``a(B)`` is the expected number of drafted tokens a request accepts per round at budget
+``B`` and ``cost`` the measured time of a round of that batch bucket at verify width
+``B + 1``. The choice never changes what is generated: verification is lossless at any
+budget (at temperature 0 every budget commits the target's greedy tokens).
+
+Expected acceptance. A tree's value, the sum of its nodes' path probabilities under the
+draft, is the expected number of accepted drafted tokens if the target's tokens followed the
+draft. The best-first tree is a prefix order: the budget-``B`` tree is the ``B`` best nodes
+of any larger budget's tree, so one tree at the largest candidate gives every candidate's
+value (the sum of its ``B`` largest path probabilities). Drafters are not calibrated, so
+``a(B) = r(B) * v(B)``: ``v(B)`` a running mean of the value per request, ``r(B)`` the
+ratio of accepted drafted tokens to predicted value over the rounds run at ``B``. The ratio
+is kept per budget because it differs between budgets: a larger tree adds deeper, less
+likely nodes, and how far the draft over- or under-states their probability is not how far
+it misjudges the top chain. A budget with fewer than ``min_samples`` rounds of its own
+borrows the ratio pooled over every budget (1 before any round), the best guess available.
+The values carry what the ratios cannot: when the draft grows less sure, every candidate's
+value drops, including those of budgets not run lately.
+
+Cost. A running mean (then an exponentially weighted one) of the measured round time per
+(batch bucket, width); buckets are powers of two. Each bucket starts by running every
+candidate until it has ``min_samples`` timed rounds after ``warmup_samples`` untimed ones
+(exploration, smallest first; first use of a shape pays for allocations, graph capture,
+compiles, and a round the caller reports untimed, such as a capture, does not count),
+and re-runs the least recently timed other candidate once every ``reexplore_every`` rounds
+so that estimates follow the load. A bucket changes its budget only when another candidate
+beats the current one by more than ``hysteresis``, so noise does not make it thrash; every
+change is logged (``logging``, logger ``ddtree.budget``) and kept in :meth:`snapshot`.
+
+Values of budgets above the round's are only known on rounds that build the largest tree:
+the policy asks for such a probe on exploration rounds and every ``probe_every`` rounds.
+
+Pure Python, standard library only (no torch, no engine): the embedded engine and a serving
+worker call it the same way::
+
+    plan = policy.plan(batch)                 # Plan(budget, probe)
+    ... run the round at plan.budget (and, if plan.probe, read the largest tree's values)
+    policy.observe(batch, plan.budget, seconds=..., values={B: sum over rows}, accepted=...)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+AUTO = "auto"
+
+log = logging.getLogger("ddtree.budget")
+
+
+def parse_budget(text: str | int) -> int | str:
+    """``"auto"`` or a budget of at least 1; ValueError with a one-line reason otherwise."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        raw = str(text).strip()
+        if raw.lower() == AUTO:
+            return AUTO
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"expected a positive integer or 'auto', got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def candidate_budgets(block_size: int, max_budget: int | None = None) -> tuple[int, ...]:
+    """The budgets ``auto`` chooses among: the drafter's ``block - 1`` (where the tree holds at
+    least the chain's probability mass, so DDTree is never behind DFlash's proposal), then
+    ``2 * block``, ``4 * block``, ... up to ``max_budget`` (default ``4 * block``), and
+    ``max_budget`` itself."""
+    if block_size < 2:
+        raise ValueError(f"block size {block_size} must be at least 2")
+    base = block_size - 1
+    top = 4 * block_size if max_budget is None else int(max_budget)
+    if top < base:
+        raise ValueError(
+            f"max budget {top} is below the drafter's block - 1 ({base}), "
+            "which auto always keeps"
+        )
+    budgets = {base, top}
+    step = 2 * block_size
+    while step < top:
+        budgets.add(step)
+        step *= 2
+    return tuple(sorted(budgets))
+
+
+def batch_bucket(batch: int) -> int:
+    """The power of two at or above ``batch``: rounds of 3 and 4 requests share a cost."""
+    if batch < 1:
+        raise ValueError(f"batch {batch} must be at least 1")
+    return 1 << (batch - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    min_samples: int = 2  # timed rounds per (bucket, width) before its cost is trusted
+    warmup_samples: int = 1  # first rounds per (bucket, width), run but not timed
+    hysteresis: float = 0.05  # switch only to a candidate > 5 % better than the current one
+    cost_weight: float = 0.1  # exponential weight of a new round time, after the first 10
+    value_weight: float = 0.05  # the same for a request's tree value
+    calibration_decay: float = 0.98  # per round at a budget: the ratio's memory, ~50 rounds
+    probe_every: int = 16  # rounds between reads of every candidate's value
+    reexplore_every: int = 256  # rounds of a bucket between re-timings of another width
+    history: int = 32  # budget changes kept for snapshot()
+
+    def __post_init__(self):
+        if self.min_samples < 1 or self.warmup_samples < 0:
+            raise ValueError("min_samples must be >= 1 and warmup_samples >= 0")
+        if self.hysteresis < 0:
+            raise ValueError("hysteresis must be >= 0")
+        for name in ("cost_weight", "value_weight"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1]")
+        if not 0 < self.calibration_decay <= 1:
+            raise ValueError("calibration_decay must be in (0, 1]")
+        if self.probe_every < 1 or self.reexplore_every < 1:
+            raise ValueError("probe_every and reexplore_every must be >= 1")
+
+
+@dataclass(frozen=True)
+class Plan:
+    budget: int  # the budget to verify this round
+    probe: bool  # also read every candidate's value (build the largest tree)
+
+
+class _Mean:
+    """A running mean for the first 1/weight samples, then an exponentially weighted one."""
+
+    __slots__ = ("n", "value", "weight")
+
+    def __init__(self, weight: float):
+        self.n, self.value, self.weight = 0, 0.0, weight
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        self.value += (x - self.value) * max(1.0 / self.n, self.weight)
+
+
+@dataclass
+class _Ratio:
+    """Decayed sums of accepted drafted tokens and of predicted value."""
+
+    accepted: float = 0.0
+    predicted: float = 0.0
+    rounds: int = 0
+
+    def add(self, accepted: float, predicted: float, decay: float) -> None:
+        self.accepted = self.accepted * decay + accepted
+        self.predicted = self.predicted * decay + predicted
+        self.rounds += 1
+
+    @property
+    def ratio(self) -> float | None:
+        return self.accepted / self.predicted if self.predicted > 0 else None
+
+
+@dataclass
+class _Bucket:
+    budget: int | None = None  # the choice in use (None while exploring)
+    rounds: int = 0
+    since_reexplore: int = 0
+    seen: dict[int, int] = field(default_factory=dict)  # width -> rounds run (timed or not)
+    cost: dict[int, _Mean] = field(default_factory=dict)  # width -> seconds per round
+    last_timed: dict[int, int] = field(default_factory=dict)  # width -> round index
+
+
+class BudgetPolicy:
+    """Chooses a budget per round for a batch; see the module docstring.
+
+    Thread-safe: one thread plans and observes, others may call :meth:`snapshot`.
+    """
+
+    def __init__(self, budgets: Iterable[int], config: PolicyConfig | None = None):
+        self.budgets = tuple(sorted({int(b) for b in budgets}))
+        if not self.budgets or self.budgets[0] < 1:
+            raise ValueError(f"candidate budgets must be positive, got {self.budgets}")
+        self.config = config or PolicyConfig()
+        self._lock = threading.Lock()
+        self._buckets: dict[int, _Bucket] = {}
+        self._values = {b: _Mean(self.config.value_weight) for b in self.budgets}
+        self._ratios = {b: _Ratio() for b in self.budgets}
+        self._rounds = 0
+        self._changes: deque[dict] = deque(maxlen=self.config.history)
+        self._num_changes = 0
+
+    @property
+    def max_budget(self) -> int:
+        return self.budgets[-1]
+
+    # ---- the two calls of a round ----------------------------------------------------
+
+    def plan(self, batch: int) -> Plan:
+        """The budget for this round of ``batch`` requests, and whether to probe values."""
+        cfg = self.config
+        with self._lock:
+            key = batch_bucket(batch)
+            state = self._buckets.setdefault(key, _Bucket())
+            state.rounds += 1
+            self._rounds += 1
+            probe = (self._rounds - 1) % cfg.probe_every == 0 or any(
+                self._values[b].n == 0 for b in self.budgets
+            )
+            for b in self.budgets:  # exploration, smallest budget first
+                if not self._timed_enough(state, b):
+                    return Plan(b, True)
+            if state.budget is None:
+                self._choose(key, state)
+            state.since_reexplore += 1
+            if state.since_reexplore >= cfg.reexplore_every and len(self.budgets) > 1:
+                state.since_reexplore = 0
+                others = [b for b in self.budgets if b != state.budget]
+                stalest = min(others, key=lambda b: state.last_timed.get(b + 1, -1))
+                return Plan(stalest, True)
+            return Plan(state.budget, probe)
+
+    def observe(
+        self,
+        batch: int,
+        budget: int,
+        *,
+        seconds: float | None,
+        values: Mapping[int, float],
+        accepted: float,
+    ) -> None:
+        """Record a round of ``batch`` requests at ``budget``.
+
+        ``seconds``: the round's time, None when it is not representative (a capture, a
+        compile). ``values``: per candidate budget, the sum over the batch of its tree's
+        value; must hold ``budget`` itself (the verified tree's value) and may hold others
+        (all of them on a probe round). ``accepted``: drafted tokens accepted, summed over
+        the batch (committed tokens minus one per request).
+        """
+        if budget not in self._ratios:
+            raise ValueError(f"budget {budget} is not a candidate ({self.budgets})")
+        if budget not in values:
+            raise ValueError(f"values must hold the verified budget {budget}")
+        cfg = self.config
+        with self._lock:
+            key = batch_bucket(batch)
+            state = self._buckets.setdefault(key, _Bucket())
+            width = budget + 1
+            seen = state.seen.get(width, 0)
+            state.seen[width] = seen + 1
+            if seconds is not None and seen >= cfg.warmup_samples:
+                state.cost.setdefault(width, _Mean(cfg.cost_weight)).add(seconds)
+                state.last_timed[width] = state.rounds
+            for b, total in values.items():
+                if b in self._values:
+                    self._values[b].add(total / batch)
+            self._ratios[budget].add(accepted, values[budget], cfg.calibration_decay)
+            if state.budget is not None or self._explored(state):
+                self._choose(key, state)
+
+    # ---- estimates -------------------------------------------------------------------
+
+    def calibration(self, budget: int) -> float:
+        """Accepted / predicted for ``budget``: its own ratio once it has ``min_samples``
+        rounds, else the ratio pooled over every budget, else 1."""
+        own = self._ratios[budget]
+        if own.rounds >= self.config.min_samples and own.ratio is not None:
+            return own.ratio
+        accepted = sum(r.accepted for r in self._ratios.values())
+        predicted = sum(r.predicted for r in self._ratios.values())
+        return accepted / predicted if predicted > 0 else 1.0
+
+    def expected_acceptance(self, budget: int) -> float | None:
+        """Calibrated expected drafted tokens accepted per request at ``budget``."""
+        value = self._values[budget]
+        return self.calibration(budget) * value.value if value.n else None
+
+    def expected_rate(self, batch: int, budget: int) -> float | None:
+        """Expected committed tokens per second for ``batch`` requests at ``budget``; None
+        until both the value and the cost of that round are known."""
+        state = self._buckets.get(batch_bucket(batch))
+        cost = state.cost.get(budget + 1) if state else None
+        acceptance = self.expected_acceptance(budget)
+        if cost is None or cost.n == 0 or cost.value <= 0 or acceptance is None:
+            return None
+        return batch * (1.0 + acceptance) / cost.value
+
+    def budget_for(self, batch: int) -> int | None:
+        """The budget in use for ``batch``'s bucket (None while it explores)."""
+        state = self._buckets.get(batch_bucket(batch))
+        return state.budget if state else None
+
+    # ---- internals -------------------------------------------------------------------
+
+    def _timed_enough(self, state: _Bucket, budget: int) -> bool:
+        # Untimed rounds (captures) past the warm-up extend the exploration.
+        width = budget + 1
+        cost = state.cost.get(width)
+        return (
+            state.seen.get(width, 0) >= self.config.warmup_samples
+            and cost is not None
+            and cost.n >= self.config.min_samples
+        )
+
+    def _explored(self, state: _Bucket) -> bool:
+        return all(self._timed_enough(state, b) for b in self.budgets)
+
+    def _choose(self, key: int, state: _Bucket) -> None:
+        rates = {b: self.expected_rate(key, b) for b in self.budgets}
+        known = {b: r for b, r in rates.items() if r is not None}
+        if not known:
+            if state.budget is None:
+                state.budget = self.budgets[0]
+            return
+        best = max(known, key=lambda b: (known[b], -b))  # ties: the smaller budget
+        current = state.budget
+        if best == current:
+            return
+        if current in known and known[best] <= known[current] * (1 + self.config.hysteresis):
+            return
+        change = {
+            "batch_bucket": key,
+            "from": current,
+            "to": best,
+            "round": self._rounds,
+            "tok_s": {str(b): round(r, 3) for b, r in known.items()},
+        }
+        self._changes.append(change)
+        self._num_changes += 1
+        state.budget = best
+        log.info(
+            "DDTree budget for batch bucket %d: %s -> %d (expected tok/s %s)",
+            key,
+            current if current is not None else "exploring",
+            best,
+            ", ".join(f"B={b}: {r:.1f}" for b, r in sorted(known.items())),
+        )
+
+    # ---- reporting -------------------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """JSON-ready state: the budget in use per batch bucket with its estimates."""
+        with self._lock:
+            buckets = {}
+            for key in sorted(self._buckets):
+                state = self._buckets[key]
+                buckets[str(key)] = {
+                    "budget": state.budget,
+                    "rounds": state.rounds,
+                    "round_ms": {
+                        str(w - 1): round(m.value * 1e3, 4)
+                        for w, m in sorted(state.cost.items())
+                    },
+                    "timed_rounds": {str(w - 1): m.n for w, m in sorted(state.cost.items())},
+                    "expected_tok_s": {
+                        str(b): None if r is None else round(r, 3)
+                        for b in self.budgets
+                        for r in [self.expected_rate(key, b)]
+                    },
+                }
+            return {
+                "candidates": list(self.budgets),
+                "rounds": self._rounds,
+                "buckets": buckets,
+                "value_per_request": {
+                    str(b): round(m.value, 4) if m.n else None for b, m in self._values.items()
+                },
+                "calibration": {str(b): round(self.calibration(b), 4) for b in self.budgets},
+                "calibration_rounds": {str(b): r.rounds for b, r in self._ratios.items()},
+                "budget_changes": self._num_changes,
+                "recent_changes": list(self._changes),
+            }
