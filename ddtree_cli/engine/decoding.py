@@ -131,7 +131,11 @@ class Engine:
         max_pos = pair.target.config.max_position_embeddings
         # Room for a verify block past the longest allowed sequence.
         headroom = self.width + self.block_size
-        self.context_len = context_len if context_len is not None else max_pos - headroom
+        # The default leaves room for any verify up to 4 blocks wide (auto's default largest
+        # budget), so that every algorithm of one pair reports the same context length, as
+        # the servers of one model do; only a wider verify shrinks it.
+        default = max_pos - self.block_size - max(self.width, 4 * self.block_size + 1)
+        self.context_len = context_len if context_len is not None else default
         self.capacity = self.context_len + headroom
         if self.capacity > max_pos:
             raise ConfigError(
