@@ -24,18 +24,26 @@ borrows the ratio pooled over every budget (1 before any round), the best guess 
 The values carry what the ratios cannot: when the draft grows less sure, every candidate's
 value drops, including those of budgets not run lately.
 
-Cost. A running mean (then an exponentially weighted one) of the measured round time per
-(batch bucket, width); buckets are powers of two. Each bucket starts by running every
-candidate until it has ``min_samples`` timed rounds after ``warmup_samples`` untimed ones
-(exploration, smallest first; first use of a shape pays for allocations, graph capture,
-compiles, and a round the caller reports untimed, such as a capture, does not count),
-and re-runs the least recently timed other candidate once every ``reexplore_every`` rounds
-so that estimates follow the load. A bucket changes its budget only when another candidate
-beats the current one by more than ``hysteresis``, so noise does not make it thrash; every
-change is logged (``logging``, logger ``ddtree.budget``) and kept in :meth:`snapshot`.
+Cost, per (batch bucket, width); buckets are powers of two. Each bucket starts by running
+every candidate until it has ``min_samples`` timed rounds after ``warmup_samples`` untimed
+ones (exploration, smallest first: first use of a shape pays for allocations, graph
+capture, compiles; a round the caller reports untimed, such as a capture, does not count).
+From then on a round's time is modelled as a level (what a round at the narrowest width
+costs now) times the width's time relative to it: rounds at the budget in use move the
+level, and once every ``reexplore_every`` rounds the least recently timed other candidate
+runs once and moves its relative time, measured against the level of that moment. The
+choice depends on relative times only, so a machine that gets busier or quieter (other
+jobs, a longer context) moves every candidate's cost together instead of making the
+budget in use look worse than candidates timed long ago. Both are running means, then
+exponentially weighted ones. A bucket changes its budget only when another candidate beats
+the current one by more than ``hysteresis``; every change is logged (``logging``, logger
+``ddtree.budget``) and kept in :meth:`snapshot`.
 
 Values of budgets above the round's are only known on rounds that build the largest tree:
-the policy asks for such a probe on exploration rounds and every ``probe_every`` rounds.
+the policy asks for such a probe on exploration rounds and every ``probe_every`` rounds,
+and the value means are taken over those rounds only, the same rounds for every candidate
+(a mean of small-budget values over all rounds would be biased against the rounds at
+which a larger budget happens to run).
 
 Pure Python, standard library only (no torch, no engine): the embedded engine and a serving
 worker call it the same way::
@@ -69,7 +77,7 @@ def parse_budget(text: str | int) -> int | str:
         try:
             value = int(raw)
         except ValueError:
-            raise ValueError(f"expected a positive integer or 'auto', got {text!r}") from None
+            raise ValueError(f"must be a positive integer or 'auto', got {text!r}") from None
     if value < 1:
         raise ValueError(f"must be at least 1, got {value}")
     return value
@@ -109,11 +117,11 @@ class PolicyConfig:
     min_samples: int = 2  # timed rounds per (bucket, width) before its cost is trusted
     warmup_samples: int = 1  # first rounds per (bucket, width), run but not timed
     hysteresis: float = 0.05  # switch only to a candidate > 5 % better than the current one
-    cost_weight: float = 0.1  # exponential weight of a new round time, after the first 10
+    cost_weight: float = 0.1  # exponential weight of a new level or relative time, after 10
     value_weight: float = 0.05  # the same for a request's tree value
     calibration_decay: float = 0.98  # per round at a budget: the ratio's memory, ~50 rounds
     probe_every: int = 16  # rounds between reads of every candidate's value
-    reexplore_every: int = 256  # rounds of a bucket between re-timings of another width
+    reexplore_every: int = 128  # rounds of a bucket between re-timings of another width
     history: int = 32  # budget changes kept for snapshot()
 
     def __post_init__(self):
@@ -141,8 +149,8 @@ class _Mean:
 
     __slots__ = ("n", "value", "weight")
 
-    def __init__(self, weight: float):
-        self.n, self.value, self.weight = 0, 0.0, weight
+    def __init__(self, weight: float, value: float = 0.0, n: int = 0):
+        self.n, self.value, self.weight = n, value, weight
 
     def add(self, x: float) -> None:
         self.n += 1
@@ -169,12 +177,43 @@ class _Ratio:
 
 @dataclass
 class _Bucket:
+    """Round times of one batch bucket: while exploring, a mean per width; then a level (the
+    narrowest width's round time now) times each width's time relative to it."""
+
     budget: int | None = None  # the choice in use (None while exploring)
     rounds: int = 0
     since_reexplore: int = 0
     seen: dict[int, int] = field(default_factory=dict)  # width -> rounds run (timed or not)
-    cost: dict[int, _Mean] = field(default_factory=dict)  # width -> seconds per round
+    timed: dict[int, int] = field(default_factory=dict)  # width -> timed rounds
+    samples: dict[int, _Mean] = field(default_factory=dict)  # exploring: width -> seconds
+    level: _Mean | None = None
+    relative: dict[int, _Mean] = field(default_factory=dict)
     last_timed: dict[int, int] = field(default_factory=dict)  # width -> round index
+
+    def cost(self, width: int) -> float | None:
+        if self.level is not None:
+            return self.level.value * self.relative[width].value
+        mean = self.samples.get(width)
+        return mean.value if mean is not None and mean.n else None
+
+    def add_time(self, width: int, seconds: float, weight: float) -> None:
+        self.timed[width] = self.timed.get(width, 0) + 1
+        self.last_timed[width] = self.rounds
+        if self.level is None:
+            self.samples.setdefault(width, _Mean(weight)).add(seconds)
+        elif self.budget is not None and width == self.budget + 1:
+            self.level.add(seconds / self.relative[width].value)
+        else:  # a re-timing: compared with the level of the same moment
+            self.relative[width].add(seconds / self.level.value)
+
+    def settle(self, widths: Iterable[int], weight: float) -> None:
+        """End of exploration: from per-width means to a level and relative times."""
+        widths = sorted(widths)
+        ref = self.samples[widths[0]]
+        self.level = _Mean(weight, ref.value, ref.n)
+        self.relative = {
+            w: _Mean(weight, self.samples[w].value / ref.value, self.samples[w].n) for w in widths
+        }
 
 
 class BudgetPolicy:
@@ -254,14 +293,17 @@ class BudgetPolicy:
             width = budget + 1
             seen = state.seen.get(width, 0)
             state.seen[width] = seen + 1
-            if seconds is not None and seen >= cfg.warmup_samples:
-                state.cost.setdefault(width, _Mean(cfg.cost_weight)).add(seconds)
-                state.last_timed[width] = state.rounds
-            for b, total in values.items():
-                if b in self._values:
-                    self._values[b].add(total / batch)
+            if seconds is not None and seconds > 0 and seen >= cfg.warmup_samples:
+                state.add_time(width, seconds, cfg.cost_weight)
+            if state.level is None and self._explored(state):
+                state.settle((b + 1 for b in self.budgets), cfg.cost_weight)
+            # Only rounds that know every value update the means, so that the candidates'
+            # means come from the same rounds (values of one round only grow with B).
+            if all(b in values for b in self.budgets):
+                for b in self.budgets:
+                    self._values[b].add(values[b] / batch)
             self._ratios[budget].add(accepted, values[budget], cfg.calibration_decay)
-            if state.budget is not None or self._explored(state):
+            if state.level is not None:
                 self._choose(key, state)
 
     # ---- estimates -------------------------------------------------------------------
@@ -285,11 +327,11 @@ class BudgetPolicy:
         """Expected committed tokens per second for ``batch`` requests at ``budget``; None
         until both the value and the cost of that round are known."""
         state = self._buckets.get(batch_bucket(batch))
-        cost = state.cost.get(budget + 1) if state else None
+        cost = state.cost(budget + 1) if state else None
         acceptance = self.expected_acceptance(budget)
-        if cost is None or cost.n == 0 or cost.value <= 0 or acceptance is None:
+        if cost is None or cost <= 0 or acceptance is None:
             return None
-        return batch * (1.0 + acceptance) / cost.value
+        return batch * (1.0 + acceptance) / cost
 
     def budget_for(self, batch: int) -> int | None:
         """The budget in use for ``batch``'s bucket (None while it explores)."""
@@ -301,11 +343,9 @@ class BudgetPolicy:
     def _timed_enough(self, state: _Bucket, budget: int) -> bool:
         # Untimed rounds (captures) past the warm-up extend the exploration.
         width = budget + 1
-        cost = state.cost.get(width)
         return (
             state.seen.get(width, 0) >= self.config.warmup_samples
-            and cost is not None
-            and cost.n >= self.config.min_samples
+            and state.timed.get(width, 0) >= self.config.min_samples
         )
 
     def _explored(self, state: _Bucket) -> bool:
@@ -354,10 +394,11 @@ class BudgetPolicy:
                     "budget": state.budget,
                     "rounds": state.rounds,
                     "round_ms": {
-                        str(w - 1): round(m.value * 1e3, 4)
-                        for w, m in sorted(state.cost.items())
+                        str(b): round(cost * 1e3, 4)
+                        for b in self.budgets
+                        if (cost := state.cost(b + 1)) is not None
                     },
-                    "timed_rounds": {str(w - 1): m.n for w, m in sorted(state.cost.items())},
+                    "timed_rounds": {str(w - 1): n for w, n in sorted(state.timed.items())},
                     "expected_tok_s": {
                         str(b): None if r is None else round(r, 3)
                         for b in self.budgets
