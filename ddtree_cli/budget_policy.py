@@ -16,13 +16,20 @@ draft. The best-first tree is a prefix order: the budget-``B`` tree is the ``B``
 of any larger budget's tree, so one tree at the largest candidate gives every candidate's
 value (the sum of its ``B`` largest path probabilities). Drafters are not calibrated, so
 ``a(B) = r(B) * v(B)``: ``v(B)`` a running mean of the value per request, ``r(B)`` the
-ratio of accepted drafted tokens to predicted value over the rounds run at ``B``. The ratio
-is kept per budget because it differs between budgets: a larger tree adds deeper, less
-likely nodes, and how far the draft over- or under-states their probability is not how far
-it misjudges the top chain. A budget with fewer than ``min_samples`` rounds of its own
-borrows the ratio pooled over every budget (1 before any round), the best guess available.
-The values carry what the ratios cannot: when the draft grows less sure, every candidate's
-value drops, including those of budgets not run lately.
+ratio of accepted drafted tokens to predicted value. The ratio is kept per budget because
+it can differ between budgets: a larger tree adds deeper, less likely nodes, and how far
+the draft over- or under-states their probability need not be how far it misjudges the top
+chain. The prefix order helps here too: a round verified at budget ``B`` also says what
+every smaller candidate ``B'`` would have accepted (the accepted path's nodes among the
+``B'`` best), so ``r(B')`` learns from every round at ``B'`` or above, and the smallest
+candidate's from every round. A larger candidate than the one in use only learns on its
+occasional rounds, and a ratio from a few rounds is noisy (a lucky one would win the
+choice, then regress), so each ratio is shrunk towards the next smaller candidate's with
+the weight of ``calibration_prior`` request-rounds: with few rounds of its own a budget is
+taken to be calibrated like the one below it, with many it has its own ratio. Ratios have
+a long memory (``calibration_decay``) so that they do not follow each request's
+difficulty; the values carry that: when the draft grows less sure, every candidate's value
+drops, including those of budgets not run lately.
 
 Cost, per (batch bucket, width); buckets are powers of two. Each bucket starts by running
 every candidate until it has ``min_samples`` timed rounds after ``warmup_samples`` untimed
@@ -50,7 +57,8 @@ worker call it the same way::
 
     plan = policy.plan(batch)                 # Plan(budget, probe)
     ... run the round at plan.budget (and, if plan.probe, read the largest tree's values)
-    policy.observe(batch, plan.budget, seconds=..., values={B: sum over rows}, accepted=...)
+    policy.observe(batch, plan.budget, seconds=..., values={B: sum over rows},
+                   accepted={B: drafted tokens accepted, sum over rows})
 """
 
 from __future__ import annotations
@@ -119,9 +127,10 @@ class PolicyConfig:
     hysteresis: float = 0.05  # switch only to a candidate > 5 % better than the current one
     cost_weight: float = 0.1  # exponential weight of a new level or relative time, after 10
     value_weight: float = 0.05  # the same for a request's tree value
-    calibration_decay: float = 0.98  # per round at a budget: the ratio's memory, ~50 rounds
-    probe_every: int = 16  # rounds between reads of every candidate's value
-    reexplore_every: int = 128  # rounds of a bucket between re-timings of another width
+    calibration_decay: float = 0.998  # per round at a budget: the ratio's memory, ~500 rounds
+    calibration_prior: float = 16.0  # request-rounds of the smaller budget's ratio in each
+    probe_every: int = 32  # rounds between reads of every candidate's value
+    reexplore_every: int = 256  # rounds of a bucket between re-timings of another width
     history: int = 32  # budget changes kept for snapshot()
 
     def __post_init__(self):
@@ -134,6 +143,8 @@ class PolicyConfig:
                 raise ValueError(f"{name} must be in (0, 1]")
         if not 0 < self.calibration_decay <= 1:
             raise ValueError("calibration_decay must be in (0, 1]")
+        if self.calibration_prior < 0:
+            raise ValueError("calibration_prior must be >= 0")
         if self.probe_every < 1 or self.reexplore_every < 1:
             raise ValueError("probe_every and reexplore_every must be >= 1")
 
@@ -272,20 +283,23 @@ class BudgetPolicy:
         *,
         seconds: float | None,
         values: Mapping[int, float],
-        accepted: float,
+        accepted: Mapping[int, float],
     ) -> None:
         """Record a round of ``batch`` requests at ``budget``.
 
         ``seconds``: the round's time, None when it is not representative (a capture, a
         compile). ``values``: per candidate budget, the sum over the batch of its tree's
         value; must hold ``budget`` itself (the verified tree's value) and may hold others
-        (all of them on a probe round). ``accepted``: drafted tokens accepted, summed over
-        the batch (committed tokens minus one per request).
+        (all of them on a probe round). ``accepted``: per candidate budget up to
+        ``budget``, the drafted tokens its tree would have accepted (committed tokens minus
+        one per request, summed over the batch); must hold ``budget``, each with its value.
         """
         if budget not in self._ratios:
             raise ValueError(f"budget {budget} is not a candidate ({self.budgets})")
-        if budget not in values:
-            raise ValueError(f"values must hold the verified budget {budget}")
+        if budget not in values or budget not in accepted:
+            raise ValueError(f"values and accepted must hold the verified budget {budget}")
+        if any(b not in values or b not in self._ratios for b in accepted):
+            raise ValueError("every accepted count needs a candidate budget and its value")
         cfg = self.config
         with self._lock:
             key = batch_bucket(batch)
@@ -302,21 +316,27 @@ class BudgetPolicy:
             if all(b in values for b in self.budgets):
                 for b in self.budgets:
                     self._values[b].add(values[b] / batch)
-            self._ratios[budget].add(accepted, values[budget], cfg.calibration_decay)
+            for b, count in accepted.items():
+                self._ratios[b].add(count, values[b], cfg.calibration_decay)
             if state.level is not None:
                 self._choose(key, state)
 
     # ---- estimates -------------------------------------------------------------------
 
     def calibration(self, budget: int) -> float:
-        """Accepted / predicted for ``budget``: its own ratio once it has ``min_samples``
-        rounds, else the ratio pooled over every budget, else 1."""
-        own = self._ratios[budget]
-        if own.rounds >= self.config.min_samples and own.ratio is not None:
-            return own.ratio
-        accepted = sum(r.accepted for r in self._ratios.values())
-        predicted = sum(r.predicted for r in self._ratios.values())
-        return accepted / predicted if predicted > 0 else 1.0
+        """Accepted / predicted for ``budget``: the smallest candidate's own ratio (1 before
+        any round); a larger one's shrunk towards the next smaller candidate's with the
+        weight of ``calibration_prior`` request-rounds of its mean value."""
+        ratio = 1.0
+        for i, b in enumerate(self.budgets):
+            own, mean = self._ratios[b], self._values[b]
+            scale = mean.value if mean.n and mean.value > 0 else 1.0
+            prior = self.config.calibration_prior * scale if i else 0.0
+            if own.predicted + prior > 0:
+                ratio = (own.accepted + prior * ratio) / (own.predicted + prior)
+            if b == budget:
+                return ratio
+        raise ValueError(f"budget {budget} is not a candidate ({self.budgets})")
 
     def expected_acceptance(self, budget: int) -> float | None:
         """Calibrated expected drafted tokens accepted per request at ``budget``."""

@@ -184,9 +184,9 @@ class Engine:
         self.graph_error: str | None = None
         self._graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
         self._captured = False
-        # Per round budget: which candidates' values its tree holds (those not above it).
-        self._value_slots = {
-            b: torch.tensor([c for c in self.budgets if c <= b], device=self.device) - 1
+        # Per round budget: the candidates its tree speaks for (those not above it).
+        self._candidates = {
+            b: torch.tensor([c for c in self.budgets if c <= b], device=self.device)
             for b in (self.budgets if self.policy is not None else ())
         }
 
@@ -280,35 +280,54 @@ class Engine:
             # Every candidate's value from one tree at the largest budget (a prefix order);
             # its time is not the round's.
             t = time.perf_counter()
-            probe = self._tree_values(self._tree.build_tree(draft, self.budgets[-1]), b)
+            probe = self._tree_values(self._tree.build_tree(draft, self.budgets[-1]), b)[0]
             probe_s = time.perf_counter() - t
         span = min(self.capacity, -(-(longest + width) // self.span_bucket) * self.span_bucket)
         self._captured = False
         if self.cuda_graphs and not sampling:
-            result, values = self._replay(b, span, draft, budget)
+            result, stats = self._replay(b, span, draft, budget)
         else:
-            result, values = self._verify(b, span, draft, sampling, budget)
+            result, stats = self._verify(b, span, draft, sampling, budget)
         # The round's single host synchronisation.
         host = result.tolist()
         if plan is not None:
             seconds = time.perf_counter() - start - probe_s
-            self._observe(b, budget, None if self._captured else seconds, values, probe, host)
+            self._observe(b, budget, None if self._captured else seconds, stats, probe)
         return self._commit(host)
 
-    def _tree_values(self, tree, b: int) -> torch.Tensor:
-        """The batch's summed tree value at each candidate budget up to the tree's own. The
-        budget-B tree is the B best nodes of any larger tree, so its value is the sum of the
-        B largest path probabilities (padding scores -inf count 0)."""
-        slots = self._value_slots[tree.budget]
-        probs = tree.scores[:b, 1:].exp().sort(dim=1, descending=True).values
-        return probs.cumsum(dim=1).index_select(1, slots).sum(dim=0)
+    def _tree_values(self, tree, b: int, walk=None) -> torch.Tensor:
+        """Per candidate budget ``B'`` up to the tree's own, summed over the batch: the value
+        of the budget-``B'`` tree and (given the verify ``walk``) the drafted tokens it would
+        have accepted; [2, candidates], the second row zero without a walk.
 
-    def _observe(self, b, budget, seconds, values, probe, host) -> None:
-        # A tree holds the values of the candidates up to its own budget; a probe all.
-        sums = (probe if probe is not None else values).tolist()
-        known = dict(zip(self.budgets[: len(sums)], sums, strict=True))
-        accepted = sum(row[0] - 1 for row in host)
-        self.policy.observe(b, budget, seconds=seconds, values=known, accepted=accepted)
+        The budget-``B'`` tree is the ``B'`` best nodes of this one (the prefix order), so
+        its value is the sum of the ``B'`` largest path probabilities (padding scores -inf
+        count 0), and it would have accepted the accepted path's nodes among those ``B'``:
+        the path's nodes in it are a prefix of the path, as the nodes are closed under
+        taking parents, and the walk follows the same target tokens."""
+        budgets = self._candidates[tree.budget]
+        scores = tree.scores[:b, 1:]
+        order = scores.argsort(dim=1, descending=True, stable=True)
+        best = scores.gather(1, order).exp().cumsum(dim=1)
+        values = best.index_select(1, budgets - 1).sum(dim=0)
+        if walk is None:
+            return torch.stack([values, torch.zeros_like(values)])
+        places = self._arange[: order.shape[1]].expand_as(order)
+        rank = torch.empty_like(order).scatter_(1, order, places)  # node -> place by score
+        path = walk.accepted[:, 1:]  # node ids (>= 1) of the accepted drafted tokens, -1 after
+        path_rank = rank.gather(1, (path - 1).clamp(min=0)).masked_fill(path < 1, tree.budget)
+        accepted = (path_rank.unsqueeze(-1) < budgets).sum(dim=(0, 1))
+        return torch.stack([values, accepted.to(values.dtype)])
+
+    def _observe(self, b, budget, seconds, stats, probe) -> None:
+        # A round's tree speaks for the candidates up to its own budget; a probe's values
+        # for all of them.
+        values, accepted = stats.tolist()
+        mine = self.budgets[: len(values)]
+        known = dict(zip(self.budgets, probe.tolist(), strict=True)) if probe is not None else {}
+        known.update(zip(mine, values, strict=True))
+        counts = dict(zip(mine, accepted, strict=True))
+        self.policy.observe(b, budget, seconds=seconds, values=known, accepted=counts)
 
     def _verify(
         self, b: int, span: int, draft: torch.Tensor | None, sampling: bool, budget: int
@@ -317,10 +336,10 @@ class Engine:
 
         Attends over cache columns ``< span``. Returns [b, 1 + W]: each row's accept length
         (tokens committed this round), then the committed tokens (only that many are valid);
-        and, under a budget policy, the tree's summed values (``_tree_values``), else None.
+        and, under a budget policy, the tree's statistics (``_tree_values``), else None.
         Reads and writes only tensors that live as long as the engine, so it can be captured.
         """
-        values = None
+        stats = None
         lens, roots, temps = self.lens[:b], self.roots[:b], self.temps[:b]
         cache = self.cache[:, :, :b]
         if self.algo == "ar":
@@ -343,12 +362,13 @@ class Engine:
             self.drafter.write_context(self.draft_cache[:, :, :b], feats, pos, pos)
         else:
             tree = self._tree.build_tree(draft, budget)
-            committed, accept_len, bonus = self._verify_tree(b, span, tree, sampling)
+            committed, walk = self._verify_tree(b, span, tree, sampling)
+            accept_len, bonus = walk.accept_len, walk.bonus
             if self.policy is not None:
-                values = self._tree_values(tree, b)
+                stats = self._tree_values(tree, b, walk)
         self.lens[:b] += accept_len
         self.roots[:b] = bonus
-        return torch.cat([accept_len.unsqueeze(1), committed], dim=1), values
+        return torch.cat([accept_len.unsqueeze(1), committed], dim=1), stats
 
     def _verify_tree(self, b, span, tree, sampling):
         lens, roots, temps = self.lens[:b], self.roots[:b], self.temps[:b]
@@ -380,7 +400,7 @@ class Engine:
         move_columns(self.cache, self._rows[:b], lens.unsqueeze(1) + path, dst)
         path_feats = feats.gather(1, path.unsqueeze(-1).expand(-1, -1, feats.shape[-1]))
         self.drafter.write_context(self.draft_cache[:, :, :b], path_feats, dst, dst)
-        return committed, walk.accept_len, walk.bonus
+        return committed, walk
 
     # ---- CUDA graphs -----------------------------------------------------------------
 
@@ -391,7 +411,7 @@ class Engine:
         if draft is not None:
             graph.draft.copy_(draft)
         graph.graph.replay()
-        return graph.result, graph.values
+        return graph.result, graph.stats
 
     def _capture(self, b: int, span: int, draft: torch.Tensor | None, budget: int):
         """Run this round eagerly on a side stream (the capture's warm-up: lazy inits, Triton
@@ -407,7 +427,7 @@ class Engine:
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
-                static_result, static_values = self._verify(b, span, static_draft, False, budget)
+                static_result, static_stats = self._verify(b, span, static_draft, False, budget)
         except Exception as exc:  # keep serving, eagerly; say why once
             self.cuda_graphs = False
             self.graph_error = f"{type(exc).__name__}: {exc}"
@@ -415,7 +435,7 @@ class Engine:
             return result
         # Graphs share one memory pool; safe because they never run concurrently and each
         # result is read right after its own replay.
-        self._graphs[(b, span, budget)] = _Graph(graph, static_draft, static_result, static_values)
+        self._graphs[(b, span, budget)] = _Graph(graph, static_draft, static_result, static_stats)
         return result
 
     def _draft_logits(self, b: int, longest: int) -> torch.Tensor:
@@ -489,7 +509,7 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     draft: torch.Tensor | None  # the captured input: this round's draft logits go here
     result: torch.Tensor  # [b, 1 + W], rewritten by every replay
-    values: torch.Tensor | None  # the tree's summed values under a budget policy, likewise
+    stats: torch.Tensor | None  # the tree's statistics under a budget policy, likewise
 
 
 def generate(

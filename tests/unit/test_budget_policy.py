@@ -37,7 +37,8 @@ def drive(policy, batch, rounds, cost, accept, value=lambda b: 1.2 * b**0.5):
             plan.budget,
             seconds=cost(batch_bucket(batch), plan.budget + 1),
             values={b: batch * value(b) for b in known},
-            accepted=batch * accept(plan.budget),
+            # What each tree up to the round's would have accepted (the prefix order).
+            accepted={b: batch * accept(b) for b in policy.budgets if b <= plan.budget},
         )
         planned.append(plan.budget)
     return planned
@@ -90,7 +91,7 @@ def test_cost_growing_with_width_at_large_batch_picks_block_minus_one():
 
 
 def test_calibration_starts_at_one_and_moves_to_the_observed_ratio():
-    policy = BudgetPolicy(BUDGETS)
+    policy = BudgetPolicy(BUDGETS, PolicyConfig(calibration_decay=0.95))
     assert [policy.calibration(b) for b in BUDGETS] == [1.0, 1.0, 1.0]
     # Every tree's value says 10 tokens; requests accept half of it.
     drive(policy, 1, 60, lambda *_: 0.01, accept=lambda b: 5.0, value=lambda b: 10.0)
@@ -105,12 +106,24 @@ def test_calibration_starts_at_one_and_moves_to_the_observed_ratio():
     assert 0.7 < seen[-1] < 0.8
 
 
-def test_a_budget_with_no_rounds_of_its_own_borrows_the_pooled_ratio():
-    policy = BudgetPolicy(BUDGETS, PolicyConfig(min_samples=3))
-    for _ in range(4):
-        policy.observe(1, 15, seconds=0.01, values={15: 10.0}, accepted=4.0)
+def test_a_budget_with_few_rounds_of_its_own_is_shrunk_to_the_pooled_ratio():
+    policy = BudgetPolicy(BUDGETS, PolicyConfig(calibration_prior=32))
+    full = {15: 10.0, 32: 10.0, 64: 10.0}  # value 10 per request at every budget
+    for _ in range(400):
+        policy.observe(1, 15, seconds=0.01, values=full, accepted={15: 4.0})
     assert policy.calibration(15) == pytest.approx(0.4)
-    assert policy.calibration(64) == pytest.approx(0.4)  # pooled: only budget 15 has data
+    # No rounds of its own: calibrated like the budgets below it.
+    assert policy.calibration(64) == pytest.approx(0.4)
+    # Two lucky rounds at 64 (every drafted token accepted) barely move its ratio ...
+    lucky = {15: 4.0, 32: 4.0, 64: 10.0}
+    for _ in range(2):
+        policy.observe(1, 64, seconds=0.01, values=full, accepted=lucky)
+    assert 0.4 < policy.calibration(64) < 0.45
+    # ... many rounds do: 64 really accepts more of what its tree promises.
+    for _ in range(300):
+        policy.observe(1, 64, seconds=0.01, values=full, accepted={15: 4.0, 32: 4.0, 64: 8.0})
+    assert policy.calibration(64) > 0.75
+    assert policy.calibration(15) == pytest.approx(0.4)
 
 
 def test_calibration_overrides_an_overconfident_value():
@@ -155,9 +168,10 @@ def test_a_uniform_slowdown_does_not_move_the_choice():
     busy = {"factor": 1.0}
 
     def cost(bucket, width):
-        return busy["factor"] * {16: 1.0, 33: 1.15, 65: 1.6}[width] * 1e-2
+        return busy["factor"] * {16: 1.0, 33: 1.4, 65: 2.2}[width] * 1e-2
 
-    accept = {15: 4.0, 32: 4.6, 64: 5.4}.get  # 15 best, 32 within 3 %, 64 25 % behind
+    def accept(b):  # a draft calibrated alike at every budget: 15 best, 32 within 3 %
+        return 0.8 * 1.2 * b**0.5
     drive(policy, 1, 50, cost, accept)
     first = policy.budget_for(1)
     busy["factor"] = 2.0
@@ -200,7 +214,7 @@ def test_exploration_times_every_width_and_untimed_rounds_extend_it():
             plan.budget,
             seconds=None if untimed else 0.01,
             values={b: 1.0 for b in BUDGETS},
-            accepted=1.0,
+            accepted={b: 1.0 for b in BUDGETS if b <= plan.budget},
         )
     # Warm-up + 2 timed rounds per width; the untimed second round adds one at 15.
     assert planned == [15, 15, 15, 15, 32, 32, 32, 64, 64, 64]
@@ -216,7 +230,7 @@ def test_probes_come_every_probe_every_rounds():
         plan = policy.plan(1)
         probes.append(plan.probe)
         policy.observe(1, plan.budget, seconds=0.01, values={b: 2.0 for b in BUDGETS},
-                       accepted=2.0)  # fmt: skip
+                       accepted={plan.budget: 2.0})  # fmt: skip
     assert sum(probes) == 4
 
 
@@ -235,17 +249,19 @@ def test_snapshot_is_json_and_names_the_budget_per_bucket():
 def test_bad_observations_are_refused():
     policy = BudgetPolicy(BUDGETS)
     with pytest.raises(ValueError, match="not a candidate"):
-        policy.observe(1, 16, seconds=0.01, values={16: 1.0}, accepted=0)
+        policy.observe(1, 16, seconds=0.01, values={16: 1.0}, accepted={16: 0})
     with pytest.raises(ValueError, match="must hold the verified budget"):
-        policy.observe(1, 32, seconds=0.01, values={15: 1.0}, accepted=0)
+        policy.observe(1, 32, seconds=0.01, values={15: 1.0}, accepted={32: 0})
+    with pytest.raises(ValueError, match="needs a candidate budget and its value"):
+        policy.observe(1, 32, seconds=0.01, values={32: 1.0}, accepted={32: 0, 15: 0})
 
 
 def test_value_means_come_from_rounds_that_know_every_value():
     # A round's values only grow with the budget; means over different rounds need not
     # (the larger budgets would be averaged over the rounds where they happen to run).
     policy = BudgetPolicy(BUDGETS)
-    policy.observe(1, 64, seconds=0.01, values={15: 2.0, 32: 3.0, 64: 4.0}, accepted=2)
+    policy.observe(1, 64, seconds=0.01, values={15: 2.0, 32: 3.0, 64: 4.0}, accepted={64: 2})
     for _ in range(20):  # easy text at budget 15: high values, but only its own
-        policy.observe(1, 15, seconds=0.01, values={15: 9.0}, accepted=8)
+        policy.observe(1, 15, seconds=0.01, values={15: 9.0}, accepted={15: 8})
     means = policy.snapshot()["value_per_request"]
     assert means == {"15": 2.0, "32": 3.0, "64": 4.0}

@@ -75,10 +75,38 @@ def test_the_engine_reads_every_candidates_value_from_the_largest_tree(builder, 
     engine = Engine(PAIR, "ddtree", budget="auto", max_batch=3)
     assert engine.budgets == (15, 32, 64)
     x = logits(kind, 7)
-    from_largest = engine._tree_values(BUILDERS[builder](x, 64), 3).tolist()
+    from_largest = engine._tree_values(BUILDERS[builder](x, 64), 3)[0].tolist()
     own = [float(BUILDERS[builder](x, b).scores[:, 1:].exp().sum()) for b in engine.budgets]
     assert from_largest == pytest.approx(own, rel=1e-6)
     assert from_largest[0] < from_largest[1] < from_largest[2]
+
+
+def path_target(x: torch.Tensor, tree) -> torch.Tensor:
+    """A target whose token after each node depends on the node's path only: one of the
+    draft's top 3 at the next position, picked by the path (as a model's would)."""
+    top3 = x.topk(3, dim=-1).indices
+    out = torch.zeros(tree.parents.shape, dtype=torch.long)
+    for row in range(x.shape[0]):
+        for i, path in enumerate([(), *paths(tree, row)]):
+            if len(path) < x.shape[1]:
+                out[row, i] = top3[row, len(path), sum(path) * 7 % 3]
+    return out
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_round_at_a_larger_budget_says_what_each_smaller_tree_would_accept(builder, seed):
+    engine = Engine(PAIR, "ddtree", budget="auto", max_batch=3)
+    walk_of = cpu_tree.verify_walk if builder == "cpu_tree" else draft_tree.verify_walk
+    x = logits("random", seed)
+    big = BUILDERS[builder](x, 64)
+    stats = engine._tree_values(big, 3, walk_of(big, path_target(x, big)))
+    really = []
+    for budget in engine.budgets:
+        tree = BUILDERS[builder](x, budget)
+        really.append(int((walk_of(tree, path_target(x, tree)).accept_len - 1).sum()))
+    assert stats[1].tolist() == really
+    assert really[-1] > really[0] > 0  # deep enough to tell the budgets apart
 
 
 CASES = [
