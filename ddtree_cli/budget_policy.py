@@ -33,12 +33,14 @@ drops, including those of budgets not run lately.
 
 Cost, per (batch bucket, width); buckets are powers of two. Each bucket starts by running
 every candidate until it has ``min_samples`` timed rounds after ``warmup_samples`` untimed
-ones (exploration, smallest first: first use of a shape pays for allocations, graph
-capture, compiles; a round the caller reports untimed, such as a capture, does not count).
-From then on a round's time is modelled as a level (what a round at the narrowest width
-costs now) times the width's time relative to it: rounds at the budget in use move the
-level, and once every ``reexplore_every`` rounds the least recently timed other candidate
-runs once and moves its relative time, measured against the level of that moment. The
+ones (exploration, the candidates in turn so that a change of load hits them alike; first
+use of a shape pays for allocations, graph capture, compiles; a round the caller reports
+untimed, such as a capture, does not count). From then on a round's time is modelled as a
+level (what a round at the narrowest width costs now) times the width's time relative to
+it: rounds at the budget in use move the level, and now and then the least recently timed
+other candidate runs once and moves its relative time, measured against the level of that
+moment: after ``first_reexplore`` rounds, then twice as long each time up to every
+``reexplore_every`` rounds (a choice made on few samples is checked soon). The
 choice depends on relative times only, so a machine that gets busier or quieter (other
 jobs, a longer context) moves every candidate's cost together instead of making the
 budget in use look worse than candidates timed long ago. Both are running means, then
@@ -122,7 +124,7 @@ def batch_bucket(batch: int) -> int:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    min_samples: int = 2  # timed rounds per (bucket, width) before its cost is trusted
+    min_samples: int = 3  # timed rounds per (bucket, width) before its cost is trusted
     warmup_samples: int = 1  # first rounds per (bucket, width), run but not timed
     hysteresis: float = 0.05  # switch only to a candidate > 5 % better than the current one
     cost_weight: float = 0.1  # exponential weight of a new level or relative time, after 10
@@ -130,7 +132,8 @@ class PolicyConfig:
     calibration_decay: float = 0.998  # per round at a budget: the ratio's memory, ~500 rounds
     calibration_prior: float = 16.0  # request-rounds of the smaller budget's ratio in each
     probe_every: int = 32  # rounds between reads of every candidate's value
-    reexplore_every: int = 256  # rounds of a bucket between re-timings of another width
+    first_reexplore: int = 16  # rounds of a bucket before its first re-timing of another width
+    reexplore_every: int = 256  # ... and the most between two, the gap doubling up to it
     history: int = 32  # budget changes kept for snapshot()
 
     def __post_init__(self):
@@ -145,8 +148,8 @@ class PolicyConfig:
             raise ValueError("calibration_decay must be in (0, 1]")
         if self.calibration_prior < 0:
             raise ValueError("calibration_prior must be >= 0")
-        if self.probe_every < 1 or self.reexplore_every < 1:
-            raise ValueError("probe_every and reexplore_every must be >= 1")
+        if min(self.probe_every, self.first_reexplore, self.reexplore_every) < 1:
+            raise ValueError("probe_every, first_reexplore and reexplore_every must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,7 @@ class _Bucket:
     budget: int | None = None  # the choice in use (None while exploring)
     rounds: int = 0
     since_reexplore: int = 0
+    retimings: int = 0
     seen: dict[int, int] = field(default_factory=dict)  # width -> rounds run (timed or not)
     timed: dict[int, int] = field(default_factory=dict)  # width -> timed rounds
     samples: dict[int, _Mean] = field(default_factory=dict)  # exploring: width -> seconds
@@ -263,14 +267,16 @@ class BudgetPolicy:
             probe = (self._rounds - 1) % cfg.probe_every == 0 or any(
                 self._values[b].n == 0 for b in self.budgets
             )
-            for b in self.budgets:  # exploration, smallest budget first
-                if not self._timed_enough(state, b):
-                    return Plan(b, True)
+            exploring = [b for b in self.budgets if not self._timed_enough(state, b)]
+            if exploring:  # the least run first, then the smallest
+                return Plan(min(exploring, key=lambda b: (state.seen.get(b + 1, 0), b)), True)
             if state.budget is None:
                 self._choose(key, state)
             state.since_reexplore += 1
-            if state.since_reexplore >= cfg.reexplore_every and len(self.budgets) > 1:
+            gap = min(cfg.reexplore_every, cfg.first_reexplore << min(state.retimings, 30))
+            if state.since_reexplore >= gap and len(self.budgets) > 1:
                 state.since_reexplore = 0
+                state.retimings += 1
                 others = [b for b in self.budgets if b != state.budget]
                 stalest = min(others, key=lambda b: state.last_timed.get(b + 1, -1))
                 return Plan(stalest, True)
