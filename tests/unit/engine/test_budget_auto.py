@@ -75,9 +75,11 @@ def test_the_engine_reads_every_candidates_value_from_the_largest_tree(builder, 
     engine = Engine(PAIR, "ddtree", budget="auto", max_batch=3)
     assert engine.budgets == (15, 32, 64)
     x = logits(kind, 7)
-    from_largest = engine._tree_values(BUILDERS[builder](x, 64), 3)[0].tolist()
+    largest = BUILDERS[builder](x, 64)
+    from_largest = engine._tree_values(largest, 3)[0].tolist()
     own = [float(BUILDERS[builder](x, b).scores[:, 1:].exp().sum()) for b in engine.budgets]
     assert from_largest == pytest.approx(own, rel=1e-6)
+    assert engine._stats(largest, 3)[0] == pytest.approx(own, rel=1e-6)  # CPU rounds
     assert from_largest[0] < from_largest[1] < from_largest[2]
 
 
@@ -100,12 +102,15 @@ def test_a_round_at_a_larger_budget_says_what_each_smaller_tree_would_accept(bui
     walk_of = cpu_tree.verify_walk if builder == "cpu_tree" else draft_tree.verify_walk
     x = logits("random", seed)
     big = BUILDERS[builder](x, 64)
-    stats = engine._tree_values(big, 3, walk_of(big, path_target(x, big)))
+    walk = walk_of(big, path_target(x, big))
+    tensors = engine._tree_values(big, 3, walk).tolist()  # the CUDA rounds' version
+    scalars = cpu_tree.prefix_stats(big, walk, engine.budgets, 3)  # the CPU rounds'
     really = []
     for budget in engine.budgets:
         tree = BUILDERS[builder](x, budget)
         really.append(int((walk_of(tree, path_target(x, tree)).accept_len - 1).sum()))
-    assert stats[1].tolist() == really
+    assert tensors[1] == scalars[1] == really
+    assert tensors[0] == pytest.approx(scalars[0], rel=1e-6)
     assert really[-1] > really[0] > 0  # deep enough to tell the budgets apart
 
 
