@@ -40,6 +40,7 @@ from ddtree_cli.bench.summary import (
     SweepPoint,
 )
 from ddtree_cli.bench.workloads import Prompt, load_workload
+from ddtree_cli.budget_policy import AUTO, parse_budget
 from ddtree_cli.errors import ConfigError, DdtreeError, ExitCode, UsageError
 
 PROMPTS_PER_SLOT = 5  # the steady-state guard: prompts >= 5 x concurrency
@@ -93,7 +94,8 @@ class BenchOptions:
     random_input_len: int = 32
     # Embedded engine only.
     model: Path | None = None
-    budget: int | None = None
+    budget: int | str | None = None  # a number or "auto"
+    max_budget: int | None = None
     block_size: int | None = None
     server_timeout: float = 300.0
     # One host whose service is switched between the arms (deploy module).
@@ -260,6 +262,7 @@ def prepare(opts: BenchOptions) -> tuple[list[str], list[Prompt]]:
     if not 0.0 <= opts.max_error_rate <= 1.0:
         raise UsageError("--max-error-rate is a fraction between 0 and 1")
     arms = resolve_arms(opts)
+    check_budget(opts, arms)
     if opts.time_reference and not opts.reference:
         raise UsageError("--time-reference needs --reference URL (the plain server to time)")
     _check_prompt_counts(opts)
@@ -311,6 +314,24 @@ def _values(values: list[int]) -> str:
     return f"{len(values)} value{'' if len(values) == 1 else 's'}"
 
 
+def check_budget(opts: BenchOptions, arms: list[str]) -> None:
+    """--budget / --max-budget: values ``ddtree serve`` takes, for an embedded ddtree arm."""
+    if opts.budget is None and opts.max_budget is None:
+        return
+    if opts.embedded and "ddtree" not in arms:
+        raise UsageError("--budget and --max-budget apply to the ddtree arm, and none runs")
+    if opts.budget is not None:
+        try:
+            parse_budget(opts.budget)
+        except ValueError as exc:
+            raise UsageError(f"--budget {exc}") from None
+    if opts.max_budget is not None:
+        if opts.max_budget < 1:
+            raise UsageError(f"--max-budget must be at least 1, got {opts.max_budget}")
+        if opts.budget is None or parse_budget(opts.budget) != AUTO:
+            raise UsageError("--max-budget applies to --budget auto only")
+
+
 def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
     reporter = reporter or QuietReporter()
     opts = opts.with_defaults()
@@ -337,7 +358,7 @@ def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutc
         # With a switcher, URLs come from the deploys, arm by arm, inside the run.
         if switcher is None and opts.embedded:
             reporter.phase(f"starting ddtree serve for {', '.join(arms)}")
-            servers = [ServeProcess(arm, arm, log_dir, _serve_args(opts)) for arm in arms]
+            servers = [ServeProcess(arm, arm, log_dir, _serve_args(opts, arm)) for arm in arms]
             for s in servers:
                 s.start()
             wait_all_ready(servers, opts.server_timeout)
@@ -384,12 +405,16 @@ def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutc
     return BenchOutcome(summary, state.run_dir, error)
 
 
-def _serve_args(opts: BenchOptions) -> list[str]:
+def _serve_args(opts: BenchOptions, algo: str) -> list[str]:
+    """``ddtree serve`` options of the embedded arm running ``algo``: the same for every arm
+    but DDTree's own budget options."""
     args: list[str] = []
     if opts.model is not None:
         args += ["--model", str(opts.model)]
-    if opts.budget is not None:
+    if algo == "ddtree" and opts.budget is not None:
         args += ["--budget", str(opts.budget)]
+    if algo == "ddtree" and opts.max_budget is not None:
+        args += ["--max-budget", str(opts.max_budget)]
     if opts.block_size is not None:
         args += ["--block-size", str(opts.block_size)]
     args += ["--max-running-requests", str(max(8, max(opts.concurrency)))]

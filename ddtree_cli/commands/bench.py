@@ -218,7 +218,12 @@ def bench(
     model: Annotated[
         Path | None, typer.Option(help="Embedded engine: model folder (default: the trained pair).")
     ] = None,
-    budget: Annotated[int | None, typer.Option(help="Embedded engine: DDTree budget.")] = None,
+    budget: Annotated[
+        str | None, typer.Option(help="Embedded engine: DDTree budget, a number or 'auto'.")
+    ] = None,
+    max_budget: Annotated[
+        int | None, typer.Option(help="Embedded engine, with --budget auto: the largest budget.")
+    ] = None,
     block_size: Annotated[
         int | None, typer.Option(help="Embedded engine: drafter block size.")
     ] = None,
@@ -273,6 +278,7 @@ def bench(
         random_input_len=random_input_len,
         model=model,
         budget=budget,
+        max_budget=max_budget,
         block_size=block_size,
         server_timeout=server_timeout,
         host=host,

@@ -18,7 +18,15 @@ Algo = Annotated[str, typer.Option("--algo", help="Decoding: ar, dflash or ddtre
 def serve(
     algo: Algo = "ar",
     budget: Annotated[
-        int | None, typer.Option(help="DDTree node budget per round (default: block size - 1).")
+        str | None,
+        typer.Option(
+            help="DDTree node budget per round (default: block size - 1), or 'auto': per "
+            "round, the candidate that commits the most tokens per second for the batch."
+        ),
+    ] = None,
+    max_budget: Annotated[
+        int | None,
+        typer.Option(help="With --budget auto: the largest candidate (default: 4 x block)."),
     ] = None,
     block_size: Annotated[
         int | None, typer.Option(help="Drafter block size (default: the drafter's, 16).")
@@ -65,6 +73,7 @@ def serve(
     opts = ServeOptions(
         algo=algo,
         budget=budget,
+        max_budget=max_budget,
         block_size=block_size,
         model=model,
         host=host,
@@ -88,6 +97,9 @@ def serve(
             "dflash": f", block {summary['block_size']}",
             "ddtree": f", block {summary['block_size']}, budget {summary['budget']}",
         }[algo]
+        if summary["budget_candidates"]:
+            shape += f" of {', '.join(map(str, summary['budget_candidates']))}"
+
         weights = "fixed-seed RANDOM weights" if summary["random_init"] else "trained weights"
         console.print(
             f"ddtree serve: [bold]{summary['url']}[/] ({algo}{shape}; {summary['model']}, "

@@ -15,7 +15,8 @@ from ddtree_cli.errors import DdtreeError
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ddtree_cli.engine", description=__doc__)
     p.add_argument("--algo", default="ar", choices=["ar", "dflash", "ddtree"])
-    p.add_argument("--budget", type=int)
+    p.add_argument("--budget", help="a number, or 'auto'")
+    p.add_argument("--max-budget", type=int)
     p.add_argument("--block-size", type=int)
     p.add_argument("--model", type=Path, help="model folder, or 'random'")
     p.add_argument("--host", default="127.0.0.1")

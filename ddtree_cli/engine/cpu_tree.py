@@ -16,7 +16,9 @@ compare both on tie-free and tie-heavy inputs. CUDA (and CUDA graphs) keep ``dra
 from __future__ import annotations
 
 import heapq
+import math
 import struct
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -155,3 +157,32 @@ def verify_walk(tree: DraftTree, target_tokens: Tensor) -> WalkResult:
         accept_len=flat[b * width : b * width + b],
         bonus=flat[b * width + b :],
     )
+
+
+def prefix_stats(
+    tree: DraftTree, walk: WalkResult | None, budgets: Sequence[int], b: int
+) -> list[list[float]]:
+    """``[values, accepted]`` per budget ``B'`` in ``budgets`` (none above the tree's), summed
+    over rows ``0..b-1``: the value of the budget-``B'`` tree, the ``B'`` best nodes of this
+    one, and (given the walk; else 0) the drafted tokens it would have accepted, the path's
+    nodes among them. The engine's tensor version for CPU rounds, in scalars; ranks break
+    equal scores by node index, as a stable sort does."""
+    values = [0.0] * len(budgets)
+    accepted = [0.0] * len(budgets)
+    paths = walk.accepted[:b, 1:].tolist() if walk is not None else [[]] * b
+    for scores, path in zip(tree.scores[:b, 1:].tolist(), paths, strict=True):
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])
+        total, best = 0.0, []
+        for i in order:
+            total += math.exp(scores[i])
+            best.append(total)
+        for j, budget in enumerate(budgets):
+            values[j] += best[budget - 1]
+        if path:
+            rank = [0] * len(order)
+            for place, i in enumerate(order):
+                rank[i] = place
+            ranks = [rank[node - 1] for node in path if node > 0]
+            for j, budget in enumerate(budgets):
+                accepted[j] += sum(r < budget for r in ranks)
+    return [values, accepted]

@@ -11,7 +11,10 @@ A round (one target forward for the whole batch):
           a causal mask; commit the matched prefix plus the target's token after it.
   ddtree  drafter block -> best-first tree under ``budget`` nodes (``draft_tree``); verify
           every node under its ancestor mask; walk; compact the accepted path's K/V to the
-          front of the block; commit the path's target tokens.
+          front of the block; commit the path's target tokens. With ``budget="auto"`` a
+          ``BudgetPolicy`` picks the round's budget among a few candidates for the running
+          batch, from the trees' values and the measured round times; any budget commits
+          the same tokens at temperature 0, so the choice changes speed, not output.
 At temperature > 0 every verified position gets an independent sample from the target and
 a draft is accepted only when it equals that sample, which keeps the output distribution
 the target's own.
@@ -28,12 +31,14 @@ up to a multiple of ``span_bucket`` so that few shapes occur; masks hide the ext
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from ddtree_cli.budget_policy import AUTO, BudgetPolicy, candidate_budgets
 from ddtree_cli.engine.target import move_columns
 from ddtree_cli.engine.weights import ModelPair
 from ddtree_cli.errors import ConfigError
@@ -92,7 +97,8 @@ class Engine:
         algo: str = "ar",
         *,
         block_size: int | None = None,
-        budget: int | None = None,
+        budget: int | str | None = None,
+        max_budget: int | None = None,
         max_batch: int = 8,
         context_len: int | None = None,
         device: str | torch.device = "cpu",
@@ -113,15 +119,23 @@ class Engine:
         if self.block_size < 2:
             raise ConfigError(f"block size {self.block_size} must be at least 2")
         self.draft_len = self.block_size - 1
+        # ``budget``: DDTree's fixed node budget, or "auto" (a policy picks one of
+        # ``budgets`` per round); ``width``: the widest verify, which sizes the buffers.
         self.budget = budget if budget is not None else self.draft_len
-        if algo == "ddtree" and self.budget < 1:
+        self.policy = self._budget_policy(algo, max_budget)
+        self.budgets = self.policy.budgets if self.policy else (self.budget,)
+        if algo == "ddtree" and self.budgets[0] < 1:
             raise ConfigError(f"budget {self.budget} must be at least 1")
-        self.width = {"ar": 1, "dflash": self.block_size, "ddtree": self.budget + 1}[algo]
+        self.width = {"ar": 1, "dflash": self.block_size, "ddtree": self.budgets[-1] + 1}[algo]
         self.max_batch = max_batch
         max_pos = pair.target.config.max_position_embeddings
         # Room for a verify block past the longest allowed sequence.
         headroom = self.width + self.block_size
-        self.context_len = context_len if context_len is not None else max_pos - headroom
+        # The default leaves room for any verify up to 4 blocks wide (auto's default largest
+        # budget), so that every algorithm of one pair reports the same context length, as
+        # the servers of one model do; only a wider verify shrinks it.
+        default = max_pos - self.block_size - max(self.width, 4 * self.block_size + 1)
+        self.context_len = context_len if context_len is not None else default
         self.capacity = self.context_len + headroom
         if self.capacity > max_pos:
             raise ConfigError(
@@ -169,6 +183,29 @@ class Engine:
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self.graph_error: str | None = None
         self._graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+        self._captured = False
+        # Per round budget: the candidates its tree speaks for (those not above it).
+        self._budget_list = {
+            b: [c for c in self.budgets if c <= b]
+            for b in (self.budgets if self.policy is not None else ())
+        }
+        self._candidates = {
+            b: torch.tensor(cands, device=self.device) for b, cands in self._budget_list.items()
+        }
+
+    def _budget_policy(self, algo: str, max_budget: int | None) -> BudgetPolicy | None:
+        if self.budget != AUTO:
+            if max_budget is not None:
+                raise ConfigError("a max budget applies to budget 'auto' only")
+            if not isinstance(self.budget, int):
+                raise ConfigError(f"budget {self.budget!r} is neither a number nor 'auto'")
+            return None
+        if algo != "ddtree":
+            raise ConfigError("budget 'auto' applies to ddtree only")
+        try:
+            return BudgetPolicy(candidate_budgets(self.block_size, max_budget))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     # ---- admission -------------------------------------------------------------------
 
@@ -234,24 +271,89 @@ class Engine:
         if b == 0:
             return []
         sampling = any(s.temperature > 0 for s in self.seqs)
+        plan = self.policy.plan(b) if self.policy is not None else None
+        budget = plan.budget if plan is not None else self.budget
+        width = budget + 1 if self.algo == "ddtree" else self.width
+        start = time.perf_counter()
         # Cache length of the longest row (its root is not in the cache yet).
         longest = max(len(s.prompt) + len(s.output) for s in self.seqs) - 1
         draft = self._draft_logits(b, longest) if self.algo != "ar" else None
-        span = min(self.capacity, -(-(longest + self.width) // self.span_bucket) * self.span_bucket)
+        probe, probe_s = None, 0.0
+        if plan is not None and plan.probe and budget < self.budgets[-1]:
+            # Every candidate's value from one tree at the largest budget (a prefix order);
+            # its time is not the round's.
+            t = time.perf_counter()
+            probe = self._stats(self._tree.build_tree(draft, self.budgets[-1]), b)[0]
+            probe_s = time.perf_counter() - t
+        span = min(self.capacity, -(-(longest + width) // self.span_bucket) * self.span_bucket)
+        self._captured = False
         if self.cuda_graphs and not sampling:
-            result = self._replay(b, span, draft)
+            result, stats = self._replay(b, span, draft, budget)
         else:
-            result = self._verify(b, span, draft, sampling)
+            result, stats = self._verify(b, span, draft, sampling, budget)
         # The round's single host synchronisation.
-        return self._commit(result.tolist())
+        host = result.tolist()
+        if plan is not None:
+            seconds = time.perf_counter() - start - probe_s
+            self._observe(b, budget, None if self._captured else seconds, stats, probe)
+        return self._commit(host)
 
-    def _verify(self, b: int, span: int, draft: torch.Tensor | None, sampling: bool):
+    def _stats(self, tree, b: int, walk=None) -> torch.Tensor | list[list[float]]:
+        """``_tree_values``; on the CPU in Python scalars (``cpu_tree.prefix_stats``: the
+        dozen tiny tensor ops cost ~0.15 ms a round there, 1.3 % of the embedded pair's)."""
+        if self.device.type != "cpu":
+            return self._tree_values(tree, b, walk)
+        from ddtree_cli.engine import cpu_tree
+
+        return cpu_tree.prefix_stats(tree, walk, self._budget_list[tree.budget], b)
+
+    def _tree_values(self, tree, b: int, walk=None) -> torch.Tensor:
+        """Per candidate budget ``B'`` up to the tree's own, summed over the batch: the value
+        of the budget-``B'`` tree and (given the verify ``walk``) the drafted tokens it would
+        have accepted; [2, candidates], the second row zero without a walk.
+
+        The budget-``B'`` tree is the ``B'`` best nodes of this one (the prefix order), so
+        its value is the sum of the ``B'`` largest path probabilities (padding scores -inf
+        count 0), and it would have accepted the accepted path's nodes among those ``B'``:
+        the path's nodes in it are a prefix of the path, as the nodes are closed under
+        taking parents, and the walk follows the same target tokens."""
+        budgets = self._candidates[tree.budget]
+        scores = tree.scores[:b, 1:]
+        order = scores.argsort(dim=1, descending=True, stable=True)
+        best = scores.gather(1, order).exp().cumsum(dim=1)
+        values = best.index_select(1, budgets - 1).sum(dim=0)
+        if walk is None:
+            return torch.stack([values, torch.zeros_like(values)])
+        places = self._arange[: order.shape[1]].expand_as(order)
+        rank = torch.empty_like(order).scatter_(1, order, places)  # node -> place by score
+        path = walk.accepted[:, 1:]  # node ids (>= 1) of the accepted drafted tokens, -1 after
+        path_rank = rank.gather(1, (path - 1).clamp(min=0)).masked_fill(path < 1, tree.budget)
+        accepted = (path_rank.unsqueeze(-1) < budgets).sum(dim=(0, 1))
+        return torch.stack([values, accepted.to(values.dtype)])
+
+    def _observe(self, b, budget, seconds, stats, probe) -> None:
+        # A round's tree speaks for the candidates up to its own budget; a probe's values
+        # for all of them.
+        values, accepted = stats.tolist() if isinstance(stats, torch.Tensor) else stats
+        if isinstance(probe, torch.Tensor):
+            probe = probe.tolist()
+        mine = self.budgets[: len(values)]
+        known = dict(zip(self.budgets, probe, strict=True)) if probe is not None else {}
+        known.update(zip(mine, values, strict=True))
+        counts = dict(zip(mine, accepted, strict=True))
+        self.policy.observe(b, budget, seconds=seconds, values=known, accepted=counts)
+
+    def _verify(
+        self, b: int, span: int, draft: torch.Tensor | None, sampling: bool, budget: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Verify, accept, compact and advance rows 0..b-1 without leaving the device.
 
         Attends over cache columns ``< span``. Returns [b, 1 + W]: each row's accept length
-        (tokens committed this round), then the committed tokens (only that many are valid).
+        (tokens committed this round), then the committed tokens (only that many are valid);
+        and, under a budget policy, the tree's statistics (``_stats``), else None.
         Reads and writes only tensors that live as long as the engine, so it can be captured.
         """
+        stats = None
         lens, roots, temps = self.lens[:b], self.roots[:b], self.temps[:b]
         cache = self.cache[:, :, :b]
         if self.algo == "ar":
@@ -273,25 +375,28 @@ class Engine:
             bonus = committed.gather(1, (accept_len - 1).unsqueeze(1)).squeeze(1)
             self.drafter.write_context(self.draft_cache[:, :, :b], feats, pos, pos)
         else:
-            committed, accept_len, bonus = self._verify_tree(b, span, draft, sampling)
+            tree = self._tree.build_tree(draft, budget)
+            committed, walk = self._verify_tree(b, span, tree, sampling)
+            accept_len, bonus = walk.accept_len, walk.bonus
+            if self.policy is not None:
+                stats = self._stats(tree, b, walk)
         self.lens[:b] += accept_len
         self.roots[:b] = bonus
-        return torch.cat([accept_len.unsqueeze(1), committed], dim=1)
+        return torch.cat([accept_len.unsqueeze(1), committed], dim=1), stats
 
-    def _verify_tree(self, b, span, draft, sampling):
+    def _verify_tree(self, b, span, tree, sampling):
         lens, roots, temps = self.lens[:b], self.roots[:b], self.temps[:b]
-        tree = self._tree.build_tree(draft, self.budget)
         # verify_inputs() also builds SGLang's flat FULL_MASK and retrieve_* arrays, which
         # this engine does not need: its mask is the visibility block placed after each
         # row's prefix.
-        n = self.width
+        n = tree.num_slots
         input_ids = torch.cat([roots.unsqueeze(1), tree.tokens], dim=1)
         positions = lens.unsqueeze(1) + tree.depths
         write = lens.unsqueeze(1) + self._arange[:n]
         # Cache column c of a row is its prefix (c < len: visible), tree node c - len, or
         # past the block (hidden): index [visible | visibility | hidden] by c - len + 1.
         visible, hidden_col = self._mask_edges
-        extended = torch.cat([visible[:b], tree.visibility, hidden_col[:b]], dim=2)
+        extended = torch.cat([visible[:b, :n], tree.visibility, hidden_col[:b, :n]], dim=2)
         col = (self._arange[1 : span + 1] - lens.unsqueeze(1)).clamp_(0, n + 1)
         mask = extended.gather(2, col.unsqueeze(1).expand(b, n, span))
         cache = self.cache[:, :, :b]
@@ -309,33 +414,34 @@ class Engine:
         move_columns(self.cache, self._rows[:b], lens.unsqueeze(1) + path, dst)
         path_feats = feats.gather(1, path.unsqueeze(-1).expand(-1, -1, feats.shape[-1]))
         self.drafter.write_context(self.draft_cache[:, :, :b], path_feats, dst, dst)
-        return committed, walk.accept_len, walk.bonus
+        return committed, walk
 
     # ---- CUDA graphs -----------------------------------------------------------------
 
-    def _replay(self, b: int, span: int, draft: torch.Tensor | None) -> torch.Tensor:
-        graph = self._graphs.get((b, span))
+    def _replay(self, b: int, span: int, draft: torch.Tensor | None, budget: int):
+        graph = self._graphs.get((b, span, budget))
         if graph is None:
-            return self._capture(b, span, draft)
+            return self._capture(b, span, draft, budget)
         if draft is not None:
             graph.draft.copy_(draft)
         graph.graph.replay()
-        return graph.result
+        return graph.result, graph.stats
 
-    def _capture(self, b: int, span: int, draft: torch.Tensor | None) -> torch.Tensor:
+    def _capture(self, b: int, span: int, draft: torch.Tensor | None, budget: int):
         """Run this round eagerly on a side stream (the capture's warm-up: lazy inits, Triton
         compilation), then capture the same work as a graph for the later rounds."""
+        self._captured = True  # this round's time is not a round's cost
         static_draft = draft.clone() if draft is not None else None
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
-            result = self._verify(b, span, static_draft, False)
+            result = self._verify(b, span, static_draft, False, budget)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
-                static_result = self._verify(b, span, static_draft, False)
+                static_result, static_stats = self._verify(b, span, static_draft, False, budget)
         except Exception as exc:  # keep serving, eagerly; say why once
             self.cuda_graphs = False
             self.graph_error = f"{type(exc).__name__}: {exc}"
@@ -343,7 +449,7 @@ class Engine:
             return result
         # Graphs share one memory pool; safe because they never run concurrently and each
         # result is read right after its own replay.
-        self._graphs[(b, span)] = _Graph(graph, static_draft, static_result)
+        self._graphs[(b, span, budget)] = _Graph(graph, static_draft, static_result, static_stats)
         return result
 
     def _draft_logits(self, b: int, longest: int) -> torch.Tensor:
@@ -417,6 +523,7 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     draft: torch.Tensor | None  # the captured input: this round's draft logits go here
     result: torch.Tensor  # [b, 1 + W], rewritten by every replay
+    stats: torch.Tensor | None  # the tree's statistics under a budget policy, likewise
 
 
 def generate(

@@ -84,6 +84,14 @@ def render_metrics(app: Any) -> str:
         "Speculative verify rounds, per request.",
         stats.spec_verify_calls,
     )
+    policy = app.engine.policy if app.engine is not None else None
+    if policy is not None:
+        name = "spec_ddtree_budget"
+        lines.append(f"# HELP sglang:{name} DDTree budget in use per batch bucket (--budget auto).")
+        lines.append(f"# TYPE sglang:{name} gauge")
+        for bucket, state in policy.snapshot()["buckets"].items():
+            if state["budget"] is not None:
+                lines.append(f'sglang:{name}{{{labels},batch_bucket="{bucket}"}} {state["budget"]}')
     histogram(
         "time_to_first_token_seconds", "Histogram of time to first token in seconds.", stats.ttft
     )

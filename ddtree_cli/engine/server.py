@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ddtree_cli import __version__
+from ddtree_cli.budget_policy import AUTO, parse_budget
 from ddtree_cli.engine import protocol
 from ddtree_cli.engine.decoding import Engine, RequestState, generate
 from ddtree_cli.engine.metrics import render_metrics
@@ -36,7 +37,8 @@ HEALTH_GENERATE_TIMEOUT_S = 20.0
 @dataclass
 class ServeOptions:
     algo: str = "ar"
-    budget: int | None = None
+    budget: int | str | None = None  # a number, or "auto" (a policy picks it per round)
+    max_budget: int | None = None  # with "auto": the largest candidate (default 4 x block)
     block_size: int | None = None
     model: Path | None = None
     host: str = "127.0.0.1"
@@ -54,13 +56,27 @@ class ServeOptions:
     cuda_graphs: bool = True
 
     def validate(self) -> None:
-        """Option values that cannot be served: usage errors (exit 2), like click's own."""
+        """Option values that cannot be served: usage errors (exit 2), like click's own.
+        Normalises ``budget`` given as text ("15", "auto")."""
         if self.algo not in ("ar", "dflash", "ddtree"):
             raise UsageError(f"unknown --algo {self.algo!r}", hint="use ar, dflash or ddtree")
         if self.budget is not None and self.algo != "ddtree":
             raise UsageError("--budget applies to --algo ddtree only")
-        if self.budget is not None and self.budget < 1:
-            raise UsageError(f"--budget must be at least 1, got {self.budget}")
+        if self.budget is not None:
+            try:
+                self.budget = parse_budget(self.budget)
+            except ValueError as exc:
+                raise UsageError(f"--budget {exc}") from None
+        if self.max_budget is not None:
+            if self.max_budget < 1:
+                raise UsageError(f"--max-budget must be at least 1, got {self.max_budget}")
+            if self.budget != AUTO:
+                raise UsageError("--max-budget applies to --budget auto only")
+            if self.block_size is not None and self.max_budget < self.block_size - 1:
+                raise UsageError(
+                    f"--max-budget {self.max_budget} is below --block-size - 1 "
+                    f"({self.block_size - 1}), which --budget auto always keeps"
+                )
         if self.block_size is not None and self.block_size < 2:
             raise UsageError(f"--block-size must be at least 2, got {self.block_size}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -87,6 +103,7 @@ def build_engine(opts: ServeOptions) -> Engine:
         opts.algo,
         block_size=opts.block_size,
         budget=opts.budget,
+        max_budget=opts.max_budget,
         max_batch=opts.max_running_requests,
         context_len=opts.context_length,
         device=opts.device,
@@ -168,6 +185,16 @@ class EngineServer:
         block into speculative_num_draft_tokens and leaves speculative_dflash_block_size null;
         DDTREE keeps the block there and verifies the root plus its budget."""
         algo, engine = self.opts.algo, self.engine
+        if algo == "ddtree" and engine.policy is not None:
+            # The widest verify sizes the buffers (and SGLang's graphs); the candidates are
+            # settings, the live choices are state (internal_states).
+            return {
+                "speculative_num_draft_tokens": engine.width,
+                "speculative_dflash_block_size": engine.block_size,
+                "speculative_ddtree_budget": AUTO,
+                "speculative_ddtree_max_budget": engine.budgets[-1],
+                "speculative_ddtree_budget_candidates": list(engine.budgets),
+            }
         if algo == "ddtree":
             return {
                 "speculative_num_draft_tokens": engine.budget + 1,
@@ -215,6 +242,11 @@ class EngineServer:
                     "num_running_reqs": self.scheduler.num_running,
                     "num_queue_reqs": self.scheduler.num_waiting,
                     "max_running_reqs_seen": stats.max_running,
+                    **(
+                        {"speculative_ddtree_budget_policy": engine.policy.snapshot()}
+                        if engine.policy is not None
+                        else {}
+                    ),
                 }
             ],
             "version": __version__,
@@ -512,6 +544,7 @@ def ready_summary(server: EngineServer) -> dict[str, Any]:
         "algo": server.opts.algo,
         "block_size": engine.block_size if server.opts.algo != "ar" else None,
         "budget": engine.budget if server.opts.algo == "ddtree" else None,
+        "budget_candidates": list(engine.budgets) if engine.policy is not None else None,
         "model": ident["origin"],
         "random_init": ident["random_init"],
         "weights_sha256": ident["weights_sha256"],

@@ -57,6 +57,20 @@ def test_full_small_ab_on_the_embedded_engine(tmp_path):
     assert "## Lossless check" in (out / "report.md").read_text()
 
 
+def test_budget_auto_reaches_the_ddtree_arm_only(tmp_path):
+    # --budget goes to the DDTree server; the DFlash arm would refuse it (exit 2 at start).
+    res = bench("--json", "--output", str(tmp_path / "run"), "--trials", "1", "--budget",
+                "auto", "--max-budget", "32", *SMALL)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    info = summary["server_info"]
+    assert info["ddtree"]["speculative_ddtree_budget"] == "auto"
+    assert info["ddtree"]["speculative_ddtree_budget_candidates"] == [15, 32]
+    assert info["dflash"]["speculative_ddtree_budget"] is None
+    assert summary["confounds"]["differences"] == []
+    assert summary["lossless"]["mismatches"] == []
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """DDTree with seed-0 random weights, DFlash with seed-1 random weights (a really

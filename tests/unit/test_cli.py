@@ -109,6 +109,9 @@ def test_long_error_stays_one_line_on_a_pipe():
         (["doctor", "--group", "g"], "--group needs --inventory"),
         (["bench", "--url", "gpu1:30000"], "expected NAME=http://HOST:PORT"),
         (["bench", "--concurrency", "1,x"], "expected integers"),
+        (["bench", "--budget", "autox"], "--budget must be a positive integer or 'auto'"),
+        (["bench", "--max-budget", "64"], "--max-budget applies to --budget auto only"),
+        (["bench", "--algo", "dflash", "--baseline", "ar", "--budget", "8"], "the ddtree arm"),
         (["serve", "--port", "many"], "many"),
     ],
 )

@@ -47,3 +47,10 @@ def test_draft_tree_imports_torch_and_stdlib_only():
         "collections",
     }
     assert _imports(path) - allowed == set()
+
+
+def test_budget_policy_imports_the_standard_library_only():
+    # A serving worker calls it unchanged: no torch, no engine, no project imports.
+    path = PKG / "budget_policy.py"
+    allowed = {"__future__", "logging", "threading", "collections", "dataclasses"}
+    assert _imports(path) - allowed == set()

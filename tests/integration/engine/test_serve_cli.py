@@ -96,6 +96,19 @@ def test_serve_loads_a_model_folder(tmp_path):
     [
         (["--algo", "beam"], "unknown --algo", 2),
         (["--algo", "dflash", "--budget", "4"], "--budget applies to --algo ddtree only", 2),
+        (["--algo", "ddtree", "--budget", "autox"], "--budget must be a positive integer", 2),
+        (["--algo", "ddtree", "--budget", "0"], "--budget must be at least 1, got 0", 2),
+        (
+            ["--algo", "ddtree", "--budget", "auto", "--max-budget", "0"],
+            "--max-budget must be at least 1",
+            2,
+        ),
+        (["--algo", "ddtree", "--max-budget", "64"], "--max-budget applies to --budget auto", 2),
+        (
+            ["--algo", "ddtree", "--budget", "auto", "--max-budget", "4", "--block-size", "8"],
+            "below --block-size - 1 (7)",
+            2,
+        ),
         (["--model", "/nonexistent/model"], "does not exist", 3),
         (["--block-size", "1"], "--block-size must be at least 2", 2),
     ],

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from ddtree_cli.bench import fingerprint
 from ddtree_cli.engine.server import EngineServer, ServeOptions
 from ddtree_cli.engine.tokenizer import ByteTokenizer
 from ddtree_cli.engine.weights import EMBEDDED_ORIGIN, load_embedded_pair
@@ -267,6 +268,42 @@ def test_server_info_and_metrics(servers):
     assert values["sglang:spec_verify_calls_total"] >= 1
     assert values["sglang:generation_tokens_total"] >= 10
     assert "sglang:time_to_first_token_seconds_bucket" in values
+
+
+def test_budget_auto_serves_ar_tokens_and_shows_its_choices(servers):
+    auto = start("ddtree", budget="auto")
+    try:
+        for text in PROMPTS:
+            assert greedy(auto.url, text, 32)["text"] == greedy(servers["ar"], text, 32)["text"]
+        info = get(auto.url, "/server_info")[1]
+        assert info["speculative_ddtree_budget"] == "auto"
+        assert info["speculative_ddtree_budget_candidates"] == [15, 32, 64]
+        assert info["speculative_ddtree_max_budget"] == 64
+        # The widest verify (what sizes the buffers), the drafter's block beside it.
+        assert info["speculative_num_draft_tokens"] == 65
+        assert info["speculative_dflash_block_size"] == 16
+        policy = info["internal_states"][0]["speculative_ddtree_budget_policy"]
+        assert policy["candidates"] == [15, 32, 64]
+        bucket = policy["buckets"]["1"]  # one request at a time
+        assert bucket["budget"] in (15, 32, 64)
+        assert set(bucket["round_ms"]) == {"15", "32", "64"}
+        assert all(ms > 0 for ms in bucket["round_ms"].values())
+        assert set(policy["calibration"]) == {"15", "32", "64"}
+        assert policy["value_per_request"]["64"] > policy["value_per_request"]["15"] > 0
+        assert policy["budget_changes"] >= 1 and policy["recent_changes"]
+        text = get(auto.url, "/metrics")[1]
+        lines = [x for x in text.splitlines() if x.startswith("sglang:spec_ddtree_budget{")]
+        assert any('batch_bucket="1"' in x and x.endswith(f" {bucket['budget']}") for x in lines)
+        # The confound guard counts "auto" and its candidates as the algorithm's settings.
+        fps = {
+            name: fingerprint.fingerprint(get(url, "/server_info")[1])
+            for name, url in (("auto", auto.url), ("b15", servers["ddtree"]))
+        }
+        fps["dflash"] = fingerprint.fingerprint(get(servers["dflash"], "/server_info")[1])
+        assert fps["auto"]["speculative_ddtree_budget"] == "auto"
+        assert fingerprint.compare(fps) == []
+    finally:
+        auto.shutdown()
 
 
 def test_client_disconnect_mid_stream_aborts_and_serving_continues(servers):

@@ -52,7 +52,7 @@ def chi_square_p_value(counts: dict, expected_probs: dict, n: int) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
 
 
-def draw(algo: str, temperature: float, budget: int | None = None) -> tuple[dict, Engine]:
+def draw(algo: str, temperature: float, budget: int | str | None = None) -> tuple[dict, Engine]:
     engine = Engine(PAIR, algo, block_size=4, budget=budget, max_batch=400, context_len=16, seed=11)
     seqs = generate(engine, [PROMPT] * DRAWS, DEPTH, temperature=temperature)
     counts: dict[tuple[int, ...], int] = {}
@@ -62,7 +62,9 @@ def draw(algo: str, temperature: float, budget: int | None = None) -> tuple[dict
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("algo", "budget"), [("ddtree", 8), ("ddtree", 2), ("dflash", None)])
+@pytest.mark.parametrize(
+    ("algo", "budget"), [("ddtree", 8), ("ddtree", 2), ("ddtree", "auto"), ("dflash", None)]
+)
 def test_sampled_outputs_follow_the_target_distribution(algo, budget):
     exact = exact_distribution(1.0)
     counts, engine = draw(algo, 1.0, budget)

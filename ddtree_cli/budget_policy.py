@@ -1,0 +1,444 @@
+"""DDTree's budget per decode round: the candidate that commits the most tokens per second.
+
+``--budget auto`` lets the running batch pick DDTree's node budget ``B`` each round among a
+few candidates. For a batch of ``b`` requests the policy maximises
+
+    expected committed tokens per second = b * (1 + a(B)) / cost(bucket(b), B + 1)
+
+where ``a(B)`` is the expected number of drafted tokens a request accepts per round at budget
+``B`` and ``cost`` the measured time of a round of that batch bucket at verify width
+``B + 1``. The choice never changes what is generated: verification is lossless at any
+budget (at temperature 0 every budget commits the target's greedy tokens).
+
+Expected acceptance. A tree's value, the sum of its nodes' path probabilities under the
+draft, is the expected number of accepted drafted tokens if the target's tokens followed the
+draft. The best-first tree is a prefix order: the budget-``B`` tree is the ``B`` best nodes
+of any larger budget's tree, so one tree at the largest candidate gives every candidate's
+value (the sum of its ``B`` largest path probabilities). Drafters are not calibrated, so
+``a(B) = r(B) * v(B)``: ``v(B)`` a running mean of the value per request, ``r(B)`` the
+ratio of accepted drafted tokens to predicted value. The ratio is kept per budget because
+it can differ between budgets: a larger tree adds deeper, less likely nodes, and how far
+the draft over- or under-states their probability need not be how far it misjudges the top
+chain. The prefix order helps here too: a round verified at budget ``B`` also says what
+every smaller candidate ``B'`` would have accepted (the accepted path's nodes among the
+``B'`` best), so ``r(B')`` learns from every round at ``B'`` or above, and the smallest
+candidate's from every round. A larger candidate than the one in use only learns on its
+occasional rounds, and a ratio from a few rounds is noisy (a lucky one would win the
+choice, then regress), so each ratio is shrunk towards the next smaller candidate's with
+the weight of ``calibration_prior`` request-rounds: with few rounds of its own a budget is
+taken to be calibrated like the one below it, with many it has its own ratio. Ratios have
+a long memory (``calibration_decay``) so that they do not follow each request's
+difficulty; the values carry that: when the draft grows less sure, every candidate's value
+drops, including those of budgets not run lately.
+
+Cost, per (batch bucket, width); buckets are powers of two. Each bucket starts by running
+every candidate until it has ``min_samples`` timed rounds after ``warmup_samples`` untimed
+ones (exploration, the candidates in turn so that a change of load hits them alike; first
+use of a shape pays for allocations, graph capture, compiles; a round the caller reports
+untimed, such as a capture, does not count). From then on a round's time is modelled as a
+level (what a round at the narrowest width costs now) times the width's time relative to
+it: rounds at the budget in use move the level, and now and then the least recently timed
+other candidate runs once and moves its relative time, measured against the level of that
+moment: after ``first_reexplore`` rounds, then twice as long each time up to every
+``reexplore_every`` rounds (a choice made on few samples is checked soon). The
+choice depends on relative times only, so a machine that gets busier or quieter (other
+jobs, a longer context) moves every candidate's cost together instead of making the
+budget in use look worse than candidates timed long ago. Both are running means, then
+exponentially weighted ones. A bucket changes its budget only when another candidate beats
+the current one by more than ``hysteresis``; every change is logged (``logging``, logger
+``ddtree.budget``) and kept in :meth:`snapshot`.
+
+Values of budgets above the round's are only known on rounds that build the largest tree:
+the policy asks for such a probe on exploration rounds and every ``probe_every`` rounds,
+and the value means are taken over those rounds only, the same rounds for every candidate
+(a mean of small-budget values over all rounds would be biased against the rounds at
+which a larger budget happens to run).
+
+Pure Python, standard library only (no torch, no engine): the embedded engine and a serving
+worker call it the same way::
+
+    plan = policy.plan(batch)                 # Plan(budget, probe)
+    ... run the round at plan.budget (and, if plan.probe, read the largest tree's values)
+    policy.observe(batch, plan.budget, seconds=..., values={B: sum over rows},
+                   accepted={B: drafted tokens accepted, sum over rows})
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+AUTO = "auto"
+
+log = logging.getLogger("ddtree.budget")
+
+
+def parse_budget(text: str | int) -> int | str:
+    """``"auto"`` or a budget of at least 1; ValueError with a one-line reason otherwise."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        raw = str(text).strip()
+        if raw.lower() == AUTO:
+            return AUTO
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"must be a positive integer or 'auto', got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def candidate_budgets(block_size: int, max_budget: int | None = None) -> tuple[int, ...]:
+    """The budgets ``auto`` chooses among: the drafter's ``block - 1`` (where the tree holds at
+    least the chain's probability mass, so DDTree is never behind DFlash's proposal), then
+    ``2 * block``, ``4 * block``, ... up to ``max_budget`` (default ``4 * block``), and
+    ``max_budget`` itself."""
+    if block_size < 2:
+        raise ValueError(f"block size {block_size} must be at least 2")
+    base = block_size - 1
+    top = 4 * block_size if max_budget is None else int(max_budget)
+    if top < base:
+        raise ValueError(
+            f"max budget {top} is below the drafter's block - 1 ({base}), which auto always keeps"
+        )
+    budgets = {base, top}
+    step = 2 * block_size
+    while step < top:
+        budgets.add(step)
+        step *= 2
+    return tuple(sorted(budgets))
+
+
+def batch_bucket(batch: int) -> int:
+    """The power of two at or above ``batch``: rounds of 3 and 4 requests share a cost."""
+    if batch < 1:
+        raise ValueError(f"batch {batch} must be at least 1")
+    return 1 << (batch - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    min_samples: int = 3  # timed rounds per (bucket, width) before its cost is trusted
+    warmup_samples: int = 1  # first rounds per (bucket, width), run but not timed
+    hysteresis: float = 0.05  # switch only to a candidate > 5 % better than the current one
+    cost_weight: float = 0.1  # exponential weight of a new level or relative time, after 10
+    value_weight: float = 0.05  # the same for a request's tree value
+    calibration_decay: float = 0.998  # per round at a budget: the ratio's memory, ~500 rounds
+    calibration_prior: float = 16.0  # request-rounds of the smaller budget's ratio in each
+    probe_every: int = 32  # rounds between reads of every candidate's value
+    first_reexplore: int = 16  # rounds of a bucket before its first re-timing of another width
+    reexplore_every: int = 256  # ... and the most between two, the gap doubling up to it
+    history: int = 32  # budget changes kept for snapshot()
+
+    def __post_init__(self):
+        if self.min_samples < 1 or self.warmup_samples < 0:
+            raise ValueError("min_samples must be >= 1 and warmup_samples >= 0")
+        if self.hysteresis < 0:
+            raise ValueError("hysteresis must be >= 0")
+        for name in ("cost_weight", "value_weight"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1]")
+        if not 0 < self.calibration_decay <= 1:
+            raise ValueError("calibration_decay must be in (0, 1]")
+        if self.calibration_prior < 0:
+            raise ValueError("calibration_prior must be >= 0")
+        if min(self.probe_every, self.first_reexplore, self.reexplore_every) < 1:
+            raise ValueError("probe_every, first_reexplore and reexplore_every must be >= 1")
+
+
+@dataclass(frozen=True)
+class Plan:
+    budget: int  # the budget to verify this round
+    probe: bool  # also read every candidate's value (build the largest tree)
+
+
+class _Mean:
+    """A running mean for the first 1/weight samples, then an exponentially weighted one."""
+
+    __slots__ = ("n", "value", "weight")
+
+    def __init__(self, weight: float, value: float = 0.0, n: int = 0):
+        self.n, self.value, self.weight = n, value, weight
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        self.value += (x - self.value) * max(1.0 / self.n, self.weight)
+
+
+@dataclass
+class _Ratio:
+    """Decayed sums of accepted drafted tokens and of predicted value."""
+
+    accepted: float = 0.0
+    predicted: float = 0.0
+    rounds: int = 0
+
+    def add(self, accepted: float, predicted: float, decay: float) -> None:
+        self.accepted = self.accepted * decay + accepted
+        self.predicted = self.predicted * decay + predicted
+        self.rounds += 1
+
+    @property
+    def ratio(self) -> float | None:
+        return self.accepted / self.predicted if self.predicted > 0 else None
+
+
+@dataclass
+class _Bucket:
+    """Round times of one batch bucket: while exploring, a mean per width; then a level (the
+    narrowest width's round time now) times each width's time relative to it."""
+
+    budget: int | None = None  # the choice in use (None while exploring)
+    rounds: int = 0
+    since_reexplore: int = 0
+    retimings: int = 0
+    seen: dict[int, int] = field(default_factory=dict)  # width -> rounds run (timed or not)
+    timed: dict[int, int] = field(default_factory=dict)  # width -> timed rounds
+    samples: dict[int, _Mean] = field(default_factory=dict)  # exploring: width -> seconds
+    level: _Mean | None = None
+    relative: dict[int, _Mean] = field(default_factory=dict)
+    last_timed: dict[int, int] = field(default_factory=dict)  # width -> round index
+
+    def cost(self, width: int) -> float | None:
+        if self.level is not None:
+            return self.level.value * self.relative[width].value
+        mean = self.samples.get(width)
+        return mean.value if mean is not None and mean.n else None
+
+    def add_time(self, width: int, seconds: float, weight: float) -> None:
+        self.timed[width] = self.timed.get(width, 0) + 1
+        self.last_timed[width] = self.rounds
+        if self.level is None:
+            self.samples.setdefault(width, _Mean(weight)).add(seconds)
+        elif self.budget is not None and width == self.budget + 1:
+            self.level.add(seconds / self.relative[width].value)
+        else:  # a re-timing: compared with the level of the same moment
+            self.relative[width].add(seconds / self.level.value)
+
+    def settle(self, widths: Iterable[int], weight: float) -> None:
+        """End of exploration: from per-width means to a level and relative times."""
+        widths = sorted(widths)
+        ref = self.samples[widths[0]]
+        self.level = _Mean(weight, ref.value, ref.n)
+        self.relative = {
+            w: _Mean(weight, self.samples[w].value / ref.value, self.samples[w].n) for w in widths
+        }
+
+
+class BudgetPolicy:
+    """Chooses a budget per round for a batch; see the module docstring.
+
+    Thread-safe: one thread plans and observes, others may call :meth:`snapshot`.
+    """
+
+    def __init__(self, budgets: Iterable[int], config: PolicyConfig | None = None):
+        self.budgets = tuple(sorted({int(b) for b in budgets}))
+        if not self.budgets or self.budgets[0] < 1:
+            raise ValueError(f"candidate budgets must be positive, got {self.budgets}")
+        self.config = config or PolicyConfig()
+        self._lock = threading.Lock()
+        self._buckets: dict[int, _Bucket] = {}
+        self._values = {b: _Mean(self.config.value_weight) for b in self.budgets}
+        self._ratios = {b: _Ratio() for b in self.budgets}
+        self._rounds = 0
+        self._changes: deque[dict] = deque(maxlen=self.config.history)
+        self._num_changes = 0
+
+    @property
+    def max_budget(self) -> int:
+        return self.budgets[-1]
+
+    # ---- the two calls of a round ----------------------------------------------------
+
+    def plan(self, batch: int) -> Plan:
+        """The budget for this round of ``batch`` requests, and whether to probe values."""
+        cfg = self.config
+        with self._lock:
+            key = batch_bucket(batch)
+            state = self._buckets.setdefault(key, _Bucket())
+            state.rounds += 1
+            self._rounds += 1
+            probe = (self._rounds - 1) % cfg.probe_every == 0 or any(
+                self._values[b].n == 0 for b in self.budgets
+            )
+            exploring = [b for b in self.budgets if not self._timed_enough(state, b)]
+            if exploring:  # the least run first, then the smallest
+                return Plan(min(exploring, key=lambda b: (state.seen.get(b + 1, 0), b)), True)
+            if state.budget is None:
+                self._choose(key, state)
+            state.since_reexplore += 1
+            gap = min(cfg.reexplore_every, cfg.first_reexplore << min(state.retimings, 30))
+            if state.since_reexplore >= gap and len(self.budgets) > 1:
+                state.since_reexplore = 0
+                state.retimings += 1
+                others = [b for b in self.budgets if b != state.budget]
+                stalest = min(others, key=lambda b: state.last_timed.get(b + 1, -1))
+                return Plan(stalest, True)
+            return Plan(state.budget, probe)
+
+    def observe(
+        self,
+        batch: int,
+        budget: int,
+        *,
+        seconds: float | None,
+        values: Mapping[int, float],
+        accepted: Mapping[int, float],
+    ) -> None:
+        """Record a round of ``batch`` requests at ``budget``.
+
+        ``seconds``: the round's time, None when it is not representative (a capture, a
+        compile). ``values``: per candidate budget, the sum over the batch of its tree's
+        value; must hold ``budget`` itself (the verified tree's value) and may hold others
+        (all of them on a probe round). ``accepted``: per candidate budget up to
+        ``budget``, the drafted tokens its tree would have accepted (committed tokens minus
+        one per request, summed over the batch); must hold ``budget``, each with its value.
+        """
+        if budget not in self._ratios:
+            raise ValueError(f"budget {budget} is not a candidate ({self.budgets})")
+        if budget not in values or budget not in accepted:
+            raise ValueError(f"values and accepted must hold the verified budget {budget}")
+        if any(b not in values or b not in self._ratios for b in accepted):
+            raise ValueError("every accepted count needs a candidate budget and its value")
+        cfg = self.config
+        with self._lock:
+            key = batch_bucket(batch)
+            state = self._buckets.setdefault(key, _Bucket())
+            width = budget + 1
+            seen = state.seen.get(width, 0)
+            state.seen[width] = seen + 1
+            if seconds is not None and seconds > 0 and seen >= cfg.warmup_samples:
+                state.add_time(width, seconds, cfg.cost_weight)
+            if state.level is None and self._explored(state):
+                state.settle((b + 1 for b in self.budgets), cfg.cost_weight)
+            # Only rounds that know every value update the means, so that the candidates'
+            # means come from the same rounds (values of one round only grow with B).
+            if all(b in values for b in self.budgets):
+                for b in self.budgets:
+                    self._values[b].add(values[b] / batch)
+            for b, count in accepted.items():
+                self._ratios[b].add(count, values[b], cfg.calibration_decay)
+            if state.level is not None:
+                self._choose(key, state)
+
+    # ---- estimates -------------------------------------------------------------------
+
+    def calibration(self, budget: int) -> float:
+        """Accepted / predicted for ``budget``: the smallest candidate's own ratio (1 before
+        any round); a larger one's shrunk towards the next smaller candidate's with the
+        weight of ``calibration_prior`` request-rounds of its mean value."""
+        ratio = 1.0
+        for i, b in enumerate(self.budgets):
+            own, mean = self._ratios[b], self._values[b]
+            scale = mean.value if mean.n and mean.value > 0 else 1.0
+            prior = self.config.calibration_prior * scale if i else 0.0
+            if own.predicted + prior > 0:
+                ratio = (own.accepted + prior * ratio) / (own.predicted + prior)
+            if b == budget:
+                return ratio
+        raise ValueError(f"budget {budget} is not a candidate ({self.budgets})")
+
+    def expected_acceptance(self, budget: int) -> float | None:
+        """Calibrated expected drafted tokens accepted per request at ``budget``."""
+        value = self._values[budget]
+        return self.calibration(budget) * value.value if value.n else None
+
+    def expected_rate(self, batch: int, budget: int) -> float | None:
+        """Expected committed tokens per second for ``batch`` requests at ``budget``; None
+        until both the value and the cost of that round are known."""
+        state = self._buckets.get(batch_bucket(batch))
+        cost = state.cost(budget + 1) if state else None
+        acceptance = self.expected_acceptance(budget)
+        if cost is None or cost <= 0 or acceptance is None:
+            return None
+        return batch * (1.0 + acceptance) / cost
+
+    def budget_for(self, batch: int) -> int | None:
+        """The budget in use for ``batch``'s bucket (None while it explores)."""
+        state = self._buckets.get(batch_bucket(batch))
+        return state.budget if state else None
+
+    # ---- internals -------------------------------------------------------------------
+
+    def _timed_enough(self, state: _Bucket, budget: int) -> bool:
+        # Untimed rounds (captures) past the warm-up extend the exploration.
+        width = budget + 1
+        return (
+            state.seen.get(width, 0) >= self.config.warmup_samples
+            and state.timed.get(width, 0) >= self.config.min_samples
+        )
+
+    def _explored(self, state: _Bucket) -> bool:
+        return all(self._timed_enough(state, b) for b in self.budgets)
+
+    def _choose(self, key: int, state: _Bucket) -> None:
+        rates = {b: self.expected_rate(key, b) for b in self.budgets}
+        known = {b: r for b, r in rates.items() if r is not None}
+        if not known:
+            if state.budget is None:
+                state.budget = self.budgets[0]
+            return
+        best = max(known, key=lambda b: (known[b], -b))  # ties: the smaller budget
+        current = state.budget
+        if best == current:
+            return
+        if current in known and known[best] <= known[current] * (1 + self.config.hysteresis):
+            return
+        change = {
+            "batch_bucket": key,
+            "from": current,
+            "to": best,
+            "round": self._rounds,
+            "tok_s": {str(b): round(r, 3) for b, r in known.items()},
+        }
+        self._changes.append(change)
+        self._num_changes += 1
+        state.budget = best
+        log.info(
+            "DDTree budget for batch bucket %d: %s -> %d (expected tok/s %s)",
+            key,
+            current if current is not None else "exploring",
+            best,
+            ", ".join(f"B={b}: {r:.1f}" for b, r in sorted(known.items())),
+        )
+
+    # ---- reporting -------------------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """JSON-ready state: the budget in use per batch bucket with its estimates."""
+        with self._lock:
+            buckets = {}
+            for key in sorted(self._buckets):
+                state = self._buckets[key]
+                buckets[str(key)] = {
+                    "budget": state.budget,
+                    "rounds": state.rounds,
+                    "round_ms": {
+                        str(b): round(cost * 1e3, 4)
+                        for b in self.budgets
+                        if (cost := state.cost(b + 1)) is not None
+                    },
+                    "timed_rounds": {str(w - 1): n for w, n in sorted(state.timed.items())},
+                    "expected_tok_s": {
+                        str(b): None if r is None else round(r, 3)
+                        for b in self.budgets
+                        for r in [self.expected_rate(key, b)]
+                    },
+                }
+            return {
+                "candidates": list(self.budgets),
+                "rounds": self._rounds,
+                "buckets": buckets,
+                "value_per_request": {
+                    str(b): round(m.value, 4) if m.n else None for b, m in self._values.items()
+                },
+                "calibration": {str(b): round(self.calibration(b), 4) for b in self.budgets},
+                "calibration_rounds": {str(b): r.rounds for b, r in self._ratios.items()},
+                "budget_changes": self._num_changes,
+                "recent_changes": list(self._changes),
+            }

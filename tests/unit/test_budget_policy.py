@@ -1,0 +1,279 @@
+"""The budget policy of ``--budget auto`` on synthetic cost and acceptance tables.
+
+The policy is pure logic (standard library only), so these drive it directly: each round
+asks ``plan`` for a budget, then reports what a round at that budget would have measured,
+from the tables.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import pytest
+
+from ddtree_cli.budget_policy import (
+    AUTO,
+    BudgetPolicy,
+    PolicyConfig,
+    batch_bucket,
+    candidate_budgets,
+    parse_budget,
+)
+
+BUDGETS = (15, 32, 64)
+
+
+def drive(policy, batch, rounds, cost, accept, value=lambda b: 1.2 * b**0.5):
+    """``rounds`` rounds of ``batch`` requests; cost(bucket, width) in seconds, accept(B)
+    and value(B) per request. Returns the budgets planned."""
+    planned = []
+    for _ in range(rounds):
+        plan = policy.plan(batch)
+        known = policy.budgets if plan.probe else [b for b in policy.budgets if b <= plan.budget]
+        policy.observe(
+            batch,
+            plan.budget,
+            seconds=cost(batch_bucket(batch), plan.budget + 1),
+            values={b: batch * value(b) for b in known},
+            # What each tree up to the round's would have accepted (the prefix order).
+            accepted={b: batch * accept(b) for b in policy.budgets if b <= plan.budget},
+        )
+        planned.append(plan.budget)
+    return planned
+
+
+def test_candidates_always_hold_block_minus_one_and_stop_at_the_max():
+    assert candidate_budgets(16) == (15, 32, 64)
+    assert candidate_budgets(16, 40) == (15, 32, 40)
+    assert candidate_budgets(16, 100) == (15, 32, 64, 100)
+    assert candidate_budgets(16, 15) == (15,)
+    assert candidate_budgets(2) == (1, 4, 8)
+    with pytest.raises(ValueError, match="below the drafter's block - 1"):
+        candidate_budgets(16, 8)
+
+
+def test_parse_budget():
+    assert parse_budget("auto") == parse_budget(" AUTO ") == AUTO
+    assert parse_budget("15") == parse_budget(15) == 15
+    for bad in ("autox", "0", "-3", "1.5", ""):
+        with pytest.raises(ValueError):
+            parse_budget(bad)
+
+
+def test_batch_buckets_are_powers_of_two():
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 32)] == [1, 2, 4, 4, 8, 8, 16, 32]
+
+
+def test_cheap_wide_verify_picks_the_largest_budget():
+    policy = BudgetPolicy(BUDGETS)
+    planned = drive(policy, 4, 200, cost=lambda bucket, w: 0.01, accept=lambda b: b**0.5)
+    assert policy.budget_for(4) == 64
+    assert planned[-20:].count(64) >= 19  # at most one re-exploration of another width
+
+
+def test_cost_growing_with_width_at_large_batch_picks_block_minus_one():
+    # The same tables at two loads: at batch 1 the verify barely grows with width, at batch
+    # 32 it grows in proportion (the compute-bound regime): each bucket keeps its own choice.
+    accept = {15: 3.0, 32: 5.0, 64: 7.0}.get
+
+    def cost(bucket, width):
+        return 1e-3 * (1 + bucket * width / 256)
+
+    policy = BudgetPolicy(BUDGETS)
+    drive(policy, 1, 100, cost, accept)
+    drive(policy, 32, 100, cost, accept)
+    assert policy.budget_for(1) == 64
+    assert policy.budget_for(32) == 15
+    rates = {b: policy.expected_rate(32, b) for b in BUDGETS}
+    assert rates[15] > rates[32] > rates[64]
+
+
+def test_calibration_starts_at_one_and_moves_to_the_observed_ratio():
+    policy = BudgetPolicy(BUDGETS, PolicyConfig(calibration_decay=0.95))
+    assert [policy.calibration(b) for b in BUDGETS] == [1.0, 1.0, 1.0]
+    # Every tree's value says 10 tokens; requests accept half of it.
+    drive(policy, 1, 60, lambda *_: 0.01, accept=lambda b: 5.0, value=lambda b: 10.0)
+    chosen = policy.budget_for(1)
+    assert policy.calibration(chosen) == pytest.approx(0.5)
+    # The draft gets better calibrated: the ratio follows, step by step.
+    seen = [policy.calibration(chosen)]
+    for _ in range(6):
+        drive(policy, 1, 10, lambda *_: 0.01, accept=lambda b: 8.0, value=lambda b: 10.0)
+        seen.append(policy.calibration(chosen))
+    assert all(a < b for a, b in zip(seen, seen[1:], strict=False))
+    assert 0.7 < seen[-1] < 0.8
+
+
+def test_a_budget_with_few_rounds_of_its_own_is_shrunk_to_the_pooled_ratio():
+    policy = BudgetPolicy(BUDGETS, PolicyConfig(calibration_prior=32))
+    full = {15: 10.0, 32: 10.0, 64: 10.0}  # value 10 per request at every budget
+    for _ in range(400):
+        policy.observe(1, 15, seconds=0.01, values=full, accepted={15: 4.0})
+    assert policy.calibration(15) == pytest.approx(0.4)
+    # No rounds of its own: calibrated like the budgets below it.
+    assert policy.calibration(64) == pytest.approx(0.4)
+    # Two lucky rounds at 64 (every drafted token accepted) barely move its ratio ...
+    lucky = {15: 4.0, 32: 4.0, 64: 10.0}
+    for _ in range(2):
+        policy.observe(1, 64, seconds=0.01, values=full, accepted=lucky)
+    assert 0.4 < policy.calibration(64) < 0.45
+    # ... many rounds do: 64 really accepts more of what its tree promises.
+    for _ in range(300):
+        policy.observe(1, 64, seconds=0.01, values=full, accepted={15: 4.0, 32: 4.0, 64: 8.0})
+    assert policy.calibration(64) > 0.75
+    assert policy.calibration(15) == pytest.approx(0.4)
+
+
+def test_calibration_overrides_an_overconfident_value():
+    # The draft's values promise a lot more at 64, but the bigger tree accepts no more than
+    # the small one: per-budget calibration sees it, and the cheaper round wins.
+    policy = BudgetPolicy(BUDGETS)
+    drive(
+        policy,
+        1,
+        100,
+        cost=lambda bucket, w: 1e-3 * (1 + w / 64),
+        accept=lambda b: 4.0,
+        value=lambda b: b / 4,
+    )
+    assert policy.budget_for(1) == 15
+    assert policy.calibration(64) < policy.calibration(15)
+
+
+def test_noise_within_the_hysteresis_does_not_thrash(caplog):
+    # 15 and 32 within 1 % of each other, +-10 % noise per round (a shared CPU), another
+    # width re-timed every 10 rounds: without hysteresis this switches 9 times in 1000
+    # rounds at this seed (2-9 at seeds 0-4), with 5 % once (the end of the exploration).
+    rng = random.Random(2)
+    policy = BudgetPolicy(BUDGETS, PolicyConfig(hysteresis=0.05, reexplore_every=10))
+
+    def noisy(bucket, width):
+        base = {16: 1.0, 33: 1.01, 65: 2.0}[width]
+        return 1e-2 * base * (1 + rng.uniform(-0.1, 0.1))
+
+    with caplog.at_level(logging.INFO, logger="ddtree.budget"):
+        drive(policy, 2, 1000, noisy, accept=lambda b: 4.0, value=lambda b: 4.0)
+    assert policy.snapshot()["budget_changes"] == 1
+    changes = [r for r in caplog.records if "DDTree budget for batch bucket 2" in r.getMessage()]
+    assert len(changes) == policy.snapshot()["budget_changes"]
+
+
+def test_a_uniform_slowdown_does_not_move_the_choice():
+    # Another job takes half the machine: every width's round takes twice as long. The
+    # budget in use is timed at the new speed long before the others are re-timed; they
+    # must not look cheaper for having been timed earlier.
+    policy = BudgetPolicy(BUDGETS)
+    busy = {"factor": 1.0}
+
+    def cost(bucket, width):
+        return busy["factor"] * {16: 1.0, 33: 1.4, 65: 2.2}[width] * 1e-2
+
+    def accept(b):  # a draft calibrated alike at every budget: 15 best, 32 within 3 %
+        return 0.8 * 1.2 * b**0.5
+
+    drive(policy, 1, 50, cost, accept)
+    first = policy.budget_for(1)
+    busy["factor"] = 2.0
+    drive(policy, 1, 50, cost, accept)
+    assert policy.budget_for(1) == first == 15
+    assert policy.snapshot()["budget_changes"] == 1  # the end of the exploration only
+
+
+def test_a_change_of_cost_shape_moves_the_choice_through_re_timings(caplog):
+    policy = BudgetPolicy(BUDGETS, PolicyConfig(reexplore_every=20))
+    slow_wide = {"on": False}
+
+    def cost(bucket, width):
+        if slow_wide["on"]:
+            return 1e-3 * width  # the verify became compute bound
+        return 1e-2
+
+    with caplog.at_level(logging.INFO, logger="ddtree.budget"):
+        drive(policy, 8, 60, cost, accept=lambda b: b**0.5)
+        assert policy.budget_for(8) == 64
+        slow_wide["on"] = True
+        drive(policy, 8, 600, cost, accept=lambda b: b**0.5)
+    assert policy.budget_for(8) == 15
+    moves = [(c["from"], c["to"]) for c in policy.snapshot()["recent_changes"]]
+    assert moves[0] == (None, 64) and moves[-1][1] == 15
+    assert any("-> 15" in r.getMessage() for r in caplog.records)
+
+
+def test_exploration_times_every_width_in_turn_and_untimed_rounds_extend_it():
+    cfg = PolicyConfig(min_samples=2, warmup_samples=1)
+    policy = BudgetPolicy(BUDGETS, cfg)
+    planned, probes = [], []
+    for i in range(10):
+        plan = policy.plan(1)
+        planned.append(plan.budget)
+        probes.append(plan.probe)
+        untimed = i == 3  # e.g. a graph capture: not a cost sample
+        policy.observe(
+            1,
+            plan.budget,
+            seconds=None if untimed else 0.01,
+            values={b: 1.0 for b in BUDGETS},
+            accepted={b: 1.0 for b in BUDGETS if b <= plan.budget},
+        )
+    # A warm-up round each, then 2 timed rounds each, in turn; the untimed round at 15
+    # costs it one more.
+    assert planned == [15, 32, 64, 15, 32, 64, 15, 32, 64, 15]
+    assert all(probes)  # exploration rounds read every value
+    assert policy.budget_for(1) is not None  # explored: a choice is made
+
+
+def test_re_timings_come_soon_after_the_exploration_then_less_often():
+    policy = BudgetPolicy(BUDGETS, PolicyConfig(first_reexplore=8, reexplore_every=64))
+    planned = drive(policy, 1, 400, lambda *_: 0.01, accept=lambda b: 1.0 + b / 32)
+    explored = 3 * (1 + policy.config.min_samples)
+    chosen = policy.budget_for(1)
+    others = [i for i, b in enumerate(planned) if b != chosen and i >= explored]
+    gaps = [b - a for a, b in zip(others, others[1:], strict=False)]
+    assert gaps[:4] == [16, 32, 64, 64]
+
+
+def test_probes_come_every_probe_every_rounds():
+    policy = BudgetPolicy(BUDGETS, PolicyConfig(probe_every=8, first_reexplore=10_000))
+    drive(policy, 1, 30, lambda *_: 0.01, accept=lambda b: 2.0)  # past the exploration
+    probes = []
+    for _ in range(32):
+        plan = policy.plan(1)
+        probes.append(plan.probe)
+        policy.observe(1, plan.budget, seconds=0.01, values={b: 2.0 for b in BUDGETS},
+                       accepted={plan.budget: 2.0})  # fmt: skip
+    assert sum(probes) == 4
+
+
+def test_snapshot_is_json_and_names_the_budget_per_bucket():
+    policy = BudgetPolicy(BUDGETS)
+    drive(policy, 3, 40, lambda *_: 0.01, accept=lambda b: 2.0)
+    snap = json.loads(json.dumps(policy.snapshot()))
+    assert snap["candidates"] == [15, 32, 64]
+    bucket = snap["buckets"]["4"]
+    assert bucket["budget"] in BUDGETS
+    assert set(bucket["round_ms"]) == {"15", "32", "64"}
+    assert set(snap["calibration"]) == {"15", "32", "64"}
+    assert snap["value_per_request"]["64"] > snap["value_per_request"]["15"]
+
+
+def test_bad_observations_are_refused():
+    policy = BudgetPolicy(BUDGETS)
+    with pytest.raises(ValueError, match="not a candidate"):
+        policy.observe(1, 16, seconds=0.01, values={16: 1.0}, accepted={16: 0})
+    with pytest.raises(ValueError, match="must hold the verified budget"):
+        policy.observe(1, 32, seconds=0.01, values={15: 1.0}, accepted={32: 0})
+    with pytest.raises(ValueError, match="needs a candidate budget and its value"):
+        policy.observe(1, 32, seconds=0.01, values={32: 1.0}, accepted={32: 0, 15: 0})
+
+
+def test_value_means_come_from_rounds_that_know_every_value():
+    # A round's values only grow with the budget; means over different rounds need not
+    # (the larger budgets would be averaged over the rounds where they happen to run).
+    policy = BudgetPolicy(BUDGETS)
+    policy.observe(1, 64, seconds=0.01, values={15: 2.0, 32: 3.0, 64: 4.0}, accepted={64: 2})
+    for _ in range(20):  # easy text at budget 15: high values, but only its own
+        policy.observe(1, 15, seconds=0.01, values={15: 9.0}, accepted={15: 8})
+    means = policy.snapshot()["value_per_request"]
+    assert means == {"15": 2.0, "32": 3.0, "64": 4.0}
