@@ -93,6 +93,31 @@ def parse_budget(text: str | int) -> int | str:
     return value
 
 
+def budget_options(
+    budget: str | int | None, max_budget: int | None, block_size: int | None = None
+) -> int | str | None:
+    """``--budget`` (None, a number of at least 1, or "auto") and ``--max-budget`` (only with
+    "auto"; at least 1 and, with a known ``block_size``, at least block - 1), as ``ddtree
+    serve`` and ``ddtree bench`` take them: the parsed budget, or ValueError with the
+    one-line reason."""
+    if budget is not None:
+        try:
+            budget = parse_budget(budget)
+        except ValueError as exc:
+            raise ValueError(f"--budget {exc}") from None
+    if max_budget is not None:
+        if max_budget < 1:
+            raise ValueError(f"--max-budget must be at least 1, got {max_budget}")
+        if budget != AUTO:
+            raise ValueError("--max-budget applies to --budget auto only")
+        if block_size is not None and max_budget < block_size - 1:
+            raise ValueError(
+                f"--max-budget {max_budget} is below --block-size - 1 "
+                f"({block_size - 1}), which --budget auto always keeps"
+            )
+    return budget
+
+
 def candidate_budgets(block_size: int, max_budget: int | None = None) -> tuple[int, ...]:
     """The budgets ``auto`` chooses among: the drafter's ``block - 1`` (where the tree holds at
     least the chain's probability mass, so DDTree is never behind DFlash's proposal), then

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -70,62 +69,31 @@ def prompts_at(concurrency: int, per: int, floor: int) -> int:
     return max(floor, per * concurrency)
 
 
-def servers_for(state: Path, args, budgets: list[int], version: str) -> dict:
-    """name -> (port, command) of one phase: the scaled pair's plain, DFLASH and one DDTREE
-    server per budget on base, base + 1, base + 2 + slot (a budget keeps its slot in both
-    phases), all with the same flags but the algorithm."""
+def commands(state: Path, args, ckpt: str, arms: list[tuple], version: str) -> dict:
+    """name -> (port, command) for ``arms`` of (name, arm, budget, port) on ``ckpt``, every
+    server with the same flags but the algorithm (and the KV cap: module docstring)."""
     flags = ["--max-total-tokens", str(args.max_total_tokens)]
+    return {name: (port, run.server_cmd(state, arm, ckpt, None, budget, port, args.mem_fraction,
+                                        args.max_bs, flags, version))
+            for name, arm, budget, port in arms}  # fmt: skip
+
+
+def servers_for(state: Path, args, budgets: list[int], version: str) -> dict:
+    """One phase: the scaled pair's plain, DFLASH and one DDTREE server per budget on base,
+    base + 1, base + 2 + slot (a budget keeps its slot in both phases)."""
     every = args.budgets_a + args.budgets_b
-    out = {}
-    arms = [("plain", "plain", None, 0), ("dflash", "dflash", None, 1)]
-    arms += [(f"ddtree-n{b}", "ddtree", b, 2 + every.index(b)) for b in budgets]
-    for name, arm, budget, slot in arms:
-        port = args.base + slot
-        cmd = run.server_cmd(state, arm, args.ckpt, None, budget, port, args.mem_fraction,
-                             args.max_bs, flags, version)  # fmt: skip
-        out[name] = (port, cmd)
-    return out
+    arms = [("plain", "plain", None, args.base), ("dflash", "dflash", None, args.base + 1)]
+    arms += [(f"ddtree-n{b}", "ddtree", b, args.base + 2 + every.index(b)) for b in budgets]
+    return commands(state, args, args.ckpt, arms, version)
 
 
 def small_servers(state: Path, args, version: str) -> dict:
     """The small (trained) pair's plain, DFLASH and DDTREE at the first phase-A budget on the
-    small base, for ``agree``; same flags as the scaled pair's."""
-    flags = ["--max-total-tokens", str(args.max_total_tokens)]
-    out = {}
-    for i, (arm, budget) in enumerate((("plain", None), ("dflash", None),
-                                       ("ddtree", args.budgets_a[0]))):  # fmt: skip
-        port = args.small_base + i
-        cmd = run.server_cmd(state, arm, args.small_ckpt, None, budget, port, args.mem_fraction,
-                             args.max_bs, flags, version)  # fmt: skip
-        out[f"small-{arm}"] = (port, cmd)
-    return out
-
-
-def start(v: run.Validation, servers: dict) -> None:
-    """Start every server in ``servers`` not already running (its pid file names it); a
-    server that was started in an earlier call and is gone is an error."""
-    for name, (_, cmd) in servers.items():
-        pidfile = v.state / f"{name}.pid"
-        if pidfile.is_file() and run.alive(int(pidfile.read_text())):
-            continue
-        if name in v.progress["started"]:
-            raise RuntimeError(run.exited(v.state, name))
-        run.start_server(v.state, name, cmd)
-        v.progress["started"][name] = time.time()
-        v.save()
-
-
-def wait_healthy(v: run.Validation, servers: dict) -> bool:
-    """Until every server answers /health (True) or the call's time is nearly up (False); a
-    server that exits is an error naming its log."""
-    while not all(run.healthy(port) for port, _ in servers.values()):
-        for name in servers:
-            if not run.alive(int((v.state / f"{name}.pid").read_text())):
-                raise RuntimeError(run.exited(v.state, name))
-        if v.left() < 20:
-            return False
-        time.sleep(2)
-    return True
+    small base, for ``agree``."""
+    arms = [(f"small-{arm}", arm, budget, args.small_base + i)
+            for i, (arm, budget) in enumerate((("plain", None), ("dflash", None),
+                                               ("ddtree", args.budgets_a[0])))]  # fmt: skip
+    return commands(state, args, args.small_ckpt, arms, version)
 
 
 def stop(v: run.Validation, names) -> None:
@@ -133,22 +101,15 @@ def stop(v: run.Validation, names) -> None:
         run.stop_server(v.state, name)
 
 
-def write_prompts(v: run.Validation, rows: list[list[int]], name: str) -> Path:
-    path = v.results / name
-    path.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows))
-    return path
-
-
 def bench_step(v: run.Validation, step: str, servers: dict, budgets: list[int],
                concurrency: int, reference: bool) -> int:  # fmt: skip
     """One interleaved ``ddtree bench`` at one concurrency: every DDTREE budget of the phase
-    against DFLASH (plain timed as the reference when ``reference``). Run without
-    ``--allow-mismatch`` first (the confound guard on the real servers); a refusal is kept in
-    ``STEP.guard.txt`` and the bench rerun with it. 124: cut at the call's end."""
+    against DFLASH (plain timed as the reference when ``reference``), through the confound
+    guard as ``run.guarded_bench`` runs it. 124: cut at the call's end."""
     args, state = v.args, v.state
     count = prompts_at(concurrency, args.prompts_per, args.prompts_floor)
     rows = run.load_rows(state, args.prompt_file, count, 64, args.vocab, seed=2)
-    dataset = write_prompts(v, rows, f"prompts-c{concurrency}.jsonl")
+    dataset = run.write_rows(v.results / f"prompts-c{concurrency}.jsonl", rows)
     output = v.results / step
     urls = [f"ddtree-b{b}=http://127.0.0.1:{servers[f'ddtree-n{b}'][0]}" for b in budgets]
     cmd = [sys.executable, "-m", "ddtree_cli", "bench", "--algo", "ddtree", "--baseline", "dflash",
@@ -160,30 +121,13 @@ def bench_step(v: run.Validation, step: str, servers: dict, budgets: list[int],
            "--max-new-tokens", str(args.max_new), "--temperature", "0",
            "--concurrency", str(concurrency), "--trials", str(args.trials),
            "--json", "--output", str(output)]  # fmt: skip
-    log, err = v.results / f"{step}.stdout.json", v.results / f"{step}.stderr.txt"
-
-    def bench(extra: list[str]) -> int:
-        shutil.rmtree(output, ignore_errors=True)  # a bench cut short in an earlier call
-        with log.open("w") as f, err.open("w") as e:
-            try:
-                return subprocess.run(cmd + extra, env=run.client_env(state, args.client),
-                                      stdout=f, stderr=e,
-                                      timeout=max(10.0, v.left() - 15)).returncode  # fmt: skip
-            except subprocess.TimeoutExpired:
-                return 124
-
-    code = bench([])
-    refusal = err.read_text(errors="replace")
-    if code in (0, 124) or "more than the algorithm" not in refusal:
-        return code
-    (v.results / f"{step}.guard.txt").write_text(refusal)
-    return bench(["--allow-mismatch"])
+    return run.guarded_bench(v, step, cmd, run.client_env(state, args.client), margin=15)
 
 
 def agree_step(v: run.Validation) -> dict:
     args = v.args
     rows = run.load_rows(v.state, args.prompt_file, args.agree_prompts, 64, args.vocab, seed=1)
-    dataset = write_prompts(v, rows, "prompts-agree.jsonl")
+    dataset = run.write_rows(v.results / "prompts-agree.jsonl", rows)
     out = v.results / "agree.json"
     cmd = [sys.executable, str(REPO / "benchmarks" / "scaled_pair_gpu.py"), "agree",
            "--prompt-file", str(dataset), "--prompts", str(len(rows)),
@@ -259,8 +203,8 @@ def crossover(v: run.Validation) -> int:
             else:
                 v.record(step, built=False, ckpt=args.ckpt)
         elif step == "servers-a":
-            start(v, {**phase_a, **small})
-            if not wait_healthy(v, {**phase_a, **small}):
+            run.start_servers(v, {**phase_a, **small})
+            if not run.servers_healthy(v, {**phase_a, **small}, margin=20):
                 return v.finish("incomplete: servers still starting (left running)", 3, todo)
             started = v.progress["started"]
             v.record(step, after_s={n: round(time.time() - started[n], 1)
@@ -284,8 +228,8 @@ def crossover(v: run.Validation) -> int:
             v.record(step, **profile_step(v, name, phase_a[name][0], int(conc)))
         elif step == "servers-b":
             stop(v, [n for n in phase_a if n.startswith("ddtree")] + list(small))
-            start(v, phase_b)
-            if not wait_healthy(v, phase_b):
+            run.start_servers(v, phase_b)
+            if not run.servers_healthy(v, phase_b, margin=20):
                 return v.finish("incomplete: phase B servers still starting", 3, todo)
             v.record(step)
         todo.remove(step)

@@ -670,14 +670,18 @@ def cmd_agree(args) -> int:
     return 0
 
 
+def write_rows(path: Path, rows: list[list[int]]) -> Path:
+    """``rows`` as the JSONL of ``{"input_ids": [...]}`` that ``ddtree bench --dataset`` and
+    ``load_rows`` read."""
+    path.write_text("".join(json.dumps({"input_ids": ids}) + "\n" for ids in rows))
+    return path
+
+
 def bench_cmd(state: Path, rows: list[list[int]], ddtree_port: int, max_new: int,
               concurrency: str, trials: int, output: str, extra: list[str]) -> list[str]:  # fmt: skip
     """``ddtree bench`` DDTREE (on ``ddtree_port``) against DFLASH, plain as the reference;
     the prompts are written to ``prompts.jsonl`` in ``state``."""
-    dataset = state / "prompts.jsonl"
-    with dataset.open("w") as f:
-        for ids in rows:
-            f.write(json.dumps({"input_ids": ids}) + "\n")
+    dataset = write_rows(state / "prompts.jsonl", rows)
     return [sys.executable, "-m", "ddtree_cli", "bench", "--algo", "ddtree", "--baseline", "dflash",
             "--url", f"ddtree=http://127.0.0.1:{ddtree_port}",
             "--url", f"dflash=http://127.0.0.1:{PORTS['dflash']}",
@@ -929,6 +933,41 @@ def validation_servers(state: Path, args, c: dict) -> dict[str, tuple[int, list[
     return out
 
 
+class ServerExited(RuntimeError):
+    """A server started by this run is gone; the message names its log's end."""
+
+
+def start_servers(v: Validation, servers: dict, pool_wait: float | None = None) -> None:
+    """Start every server of ``servers`` (name -> (port, command)) not already running (its
+    pid file names it), each after the one before has allocated its KV pool when
+    ``pool_wait`` (at most that many seconds). A server started in an earlier call that is
+    gone raises ServerExited."""
+    for name, (port, cmd) in servers.items():
+        pidfile = v.state / f"{name}.pid"
+        if pidfile.is_file() and alive(int(pidfile.read_text())):
+            continue
+        if name in v.progress["started"]:
+            raise ServerExited(exited(v.state, name))
+        proc, log = start_server(v.state, name, cmd)
+        v.progress["started"][name] = time.time()
+        v.save()
+        if pool_wait is not None:
+            wait_for_pool(proc, log, port=port, timeout=min(pool_wait, v.left() - 60))
+
+
+def servers_healthy(v: Validation, servers: dict, margin: float) -> bool:
+    """Until every server answers /health (True) or fewer than ``margin`` seconds of the call
+    are left (False); a server that exits raises ServerExited."""
+    while not all(healthy(port) for port, _ in servers.values()):
+        for name in servers:
+            if not alive(int((v.state / f"{name}.pid").read_text())):
+                raise ServerExited(exited(v.state, name))
+        if v.left() < margin:
+            return False
+        time.sleep(2)
+    return True
+
+
 def cmd_validate(args) -> int:
     v = Validation(args)
     try:
@@ -972,21 +1011,15 @@ def validate(v: Validation) -> int:
         args.prompt_file = "heldout"
     servers = validation_servers(state, args, c)
     v.write("servers.json", {n: {"port": p, "cmd": cmd} for n, (p, cmd) in servers.items()})
-    for name, (_, cmd) in servers.items():
-        pidfile = state / f"{name}.pid"
-        if pidfile.is_file() and alive(int(pidfile.read_text())):
-            continue
-        if name in v.progress["started"]:
-            return v.finish(exited(state, name), 1)
-        proc, log = start_server(state, name, cmd)
-        v.progress["started"][name] = time.time()
-        v.save()
+    try:
         # From 0.5.14 a server's KV pool is what is free when it profiles, less a slack taken
         # from what was free before its weights loaded: a neighbour allocating its pool in
         # between leaves it nothing ("Loaded weights leave no GPU memory for the KV cache").
         # So the next server starts once this one's pool is allocated (graph capture and
         # warmup still overlap).
-        wait_for_pool(proc, log, port=servers[name][0], timeout=min(300.0, v.left() - 60))
+        start_servers(v, servers, pool_wait=300.0)
+    except ServerExited as exc:
+        return v.finish(str(exc), 1)
     # While the servers start: each refused launch exits during argument handling.
     if not v.done("imports"):
         checked = import_check(state)
@@ -994,14 +1027,12 @@ def validate(v: Validation) -> int:
         v.record("imports", failed=sorted(m for m, r in checked.items() if r != "ok"))
     if c.get("patched", True) and not v.done("refusals") and v.fits("refusals"):
         refusals_step(v)
-    while not all(healthy(port) for port, _ in servers.values()):
-        for name in servers:
-            if not alive(int((state / f"{name}.pid").read_text())):
-                return v.finish(exited(state, name), 1)
-        if v.left() < 30:
+    try:
+        if not servers_healthy(v, servers, margin=30):
             return v.finish("incomplete: servers still starting (left running)", 3,
                             ["healthy", *plan_steps(args, c)])  # fmt: skip
-        time.sleep(2)
+    except ServerExited as exc:
+        return v.finish(str(exc), 1)
     if not v.done("healthy"):
         started = v.progress["started"]
         v.record("healthy", after_s={n: round(time.time() - started[n], 1) for n in servers})
@@ -1069,33 +1100,41 @@ def plan_steps(args, c: dict) -> list[str]:
 
 
 def run_bench_step(v: Validation, ddtree_port: int, concurrency: str, step: str) -> int:
-    """One ``ddtree bench``. It runs without ``--allow-mismatch`` first, so the confound guard
-    is tested on the real servers; if the guard refuses, the refusal is kept in
-    ``STEP.guard.txt`` and the bench runs again with ``--allow-mismatch`` (the servers differ
-    only in the algorithm and its widths, by construction)."""
+    """One ``ddtree bench`` of DDTREE against DFLASH (``guarded_bench``)."""
     args, state = v.args, v.state
     rows = load_rows(state, args.prompt_file, args.bench_prompts, args.prompt_len, args.vocab,
                      seed=2)  # fmt: skip
+    output = v.results / step
+    cmd = bench_cmd(state, rows, ddtree_port, args.max_new, concurrency, args.trials,
+                    str(output), args.extra)  # fmt: skip
+    return guarded_bench(v, step, cmd, client_env(state), margin=20)
+
+
+def guarded_bench(v: Validation, step: str, cmd: list[str], env: dict[str, str],
+                  margin: float) -> int:  # fmt: skip
+    """Run the ``ddtree bench`` command ``cmd`` (its ``--output`` is ``results/STEP``) without
+    ``--allow-mismatch`` first, so the confound guard is tested on the real servers; if the
+    guard refuses, the refusal is kept in ``STEP.guard.txt`` and the bench runs again with
+    ``--allow-mismatch`` (the servers differ only in the algorithm and its widths, by
+    construction). 124: cut ``margin`` seconds before the call's end."""
     output = v.results / step
     log, err = v.results / f"{step}.stdout.json", v.results / f"{step}.stderr.txt"
 
     def bench(extra: list[str]) -> int:
         shutil.rmtree(output, ignore_errors=True)  # a bench cut short in an earlier call
-        cmd = bench_cmd(state, rows, ddtree_port, args.max_new, concurrency, args.trials,
-                        str(output), extra)  # fmt: skip
         with log.open("w") as f, err.open("w") as e:
             try:
-                return subprocess.run(cmd, env=client_env(state), stdout=f, stderr=e,
-                                      timeout=max(10.0, v.left() - 20)).returncode  # fmt: skip
+                return subprocess.run(cmd + extra, env=env, stdout=f, stderr=e,
+                                      timeout=max(10.0, v.left() - margin)).returncode  # fmt: skip
             except subprocess.TimeoutExpired:
                 return 124
 
-    code = bench(args.extra)
+    code = bench([])
     refusal = err.read_text(errors="replace")
     if code in (0, 124) or "more than the algorithm" not in refusal:
         return code
     (v.results / f"{step}.guard.txt").write_text(refusal)
-    return bench([*args.extra, "--allow-mismatch"])
+    return bench(["--allow-mismatch"])
 
 
 def _ints(text: str) -> list[int]:

@@ -40,7 +40,7 @@ from ddtree_cli.bench.summary import (
     SweepPoint,
 )
 from ddtree_cli.bench.workloads import Prompt, load_workload
-from ddtree_cli.budget_policy import AUTO, parse_budget
+from ddtree_cli.budget_policy import budget_options
 from ddtree_cli.errors import ConfigError, DdtreeError, ExitCode, UsageError
 
 PROMPTS_PER_SLOT = 5  # the steady-state guard: prompts >= 5 x concurrency
@@ -320,16 +320,10 @@ def check_budget(opts: BenchOptions, arms: list[str]) -> None:
         return
     if opts.embedded and "ddtree" not in arms:
         raise UsageError("--budget and --max-budget apply to the ddtree arm, and none runs")
-    if opts.budget is not None:
-        try:
-            parse_budget(opts.budget)
-        except ValueError as exc:
-            raise UsageError(f"--budget {exc}") from None
-    if opts.max_budget is not None:
-        if opts.max_budget < 1:
-            raise UsageError(f"--max-budget must be at least 1, got {opts.max_budget}")
-        if opts.budget is None or parse_budget(opts.budget) != AUTO:
-            raise UsageError("--max-budget applies to --budget auto only")
+    try:
+        budget_options(opts.budget, opts.max_budget)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def run_bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:

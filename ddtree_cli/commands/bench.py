@@ -34,11 +34,18 @@ def _parse_urls(values: list[str], algo: str) -> dict[str, str]:
     return urls
 
 
-def _parse_concurrency(text: str) -> list[int]:
+def _ints(text: str) -> list[int] | None:
+    """The comma list of integers in ``text`` (blanks skipped); None if one is not one."""
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as exc:
-        raise UsageError(f"--concurrency {text}: expected integers like 1,4,16") from exc
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        return None
+
+
+def _parse_concurrency(text: str) -> list[int]:
+    values = _ints(text)
+    if values is None:
+        raise UsageError(f"--concurrency {text}: expected integers like 1,4,16")
     return values
 
 
@@ -46,10 +53,7 @@ def _parse_num_prompts(text: str | None) -> int | list[int] | None:
     """One count (every point), or a comma list with one count per --concurrency point."""
     if text is None:
         return None
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
+    values = _ints(text)
     if not values:
         raise UsageError(
             f"--num-prompts {text}: expected an integer, or one per concurrency like 10,20,40"

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ddtree_cli import __version__
-from ddtree_cli.budget_policy import AUTO, parse_budget
+from ddtree_cli.budget_policy import AUTO, budget_options
 from ddtree_cli.engine import protocol
 from ddtree_cli.engine.decoding import Engine, RequestState, generate
 from ddtree_cli.engine.metrics import render_metrics
@@ -62,21 +62,10 @@ class ServeOptions:
             raise UsageError(f"unknown --algo {self.algo!r}", hint="use ar, dflash or ddtree")
         if self.budget is not None and self.algo != "ddtree":
             raise UsageError("--budget applies to --algo ddtree only")
-        if self.budget is not None:
-            try:
-                self.budget = parse_budget(self.budget)
-            except ValueError as exc:
-                raise UsageError(f"--budget {exc}") from None
-        if self.max_budget is not None:
-            if self.max_budget < 1:
-                raise UsageError(f"--max-budget must be at least 1, got {self.max_budget}")
-            if self.budget != AUTO:
-                raise UsageError("--max-budget applies to --budget auto only")
-            if self.block_size is not None and self.max_budget < self.block_size - 1:
-                raise UsageError(
-                    f"--max-budget {self.max_budget} is below --block-size - 1 "
-                    f"({self.block_size - 1}), which --budget auto always keeps"
-                )
+        try:
+            self.budget = budget_options(self.budget, self.max_budget, self.block_size)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         if self.block_size is not None and self.block_size < 2:
             raise UsageError(f"--block-size must be at least 2, got {self.block_size}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
