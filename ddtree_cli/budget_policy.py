@@ -43,9 +43,13 @@ moment: after ``first_reexplore`` rounds, then twice as long each time up to eve
 ``reexplore_every`` rounds (a choice made on few samples is checked soon). The
 choice depends on relative times only, so a machine that gets busier or quieter (other
 jobs, a longer context) moves every candidate's cost together instead of making the
-budget in use look worse than candidates timed long ago. Both are running means, then
-exponentially weighted ones. A bucket changes its budget only when another candidate beats
-the current one by more than ``hysteresis``; every change is logged (``logging``, logger
+budget in use look worse than candidates timed long ago. Both, and the exploration's cost
+per width, are robust means of recent samples (``level_window``, ``relative_window``:
+the mean of those within a factor 1.5 of their median): a single slow round (a CUDA
+graph's first replay, an allocation, another process's burst) must not set a width's cost.
+With means it did: on the H200 one re-timing round, by the mean's jump some 30 times the
+usual, made a width look 6 times dearer for the next few hundred rounds. A bucket changes
+its budget only when another candidate beats the current one by more than ``hysteresis``; every change is logged (``logging``, logger
 ``ddtree.budget``) and kept in :meth:`snapshot`.
 
 Values of budgets above the round's are only known on rounds that build the largest tree:
@@ -68,7 +72,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 AUTO = "auto"
@@ -93,27 +97,44 @@ def parse_budget(text: str | int) -> int | str:
     return value
 
 
+class BudgetOptionError(ValueError):
+    """A bad ``--budget``/``--max-budget`` pair; ``option`` is the one at fault
+    (``"budget"`` or ``"max_budget"``)."""
+
+    def __init__(self, message: str, option: str):
+        super().__init__(message)
+        self.option = option
+
+
+CLI_NAMES = {"budget": "--budget", "max_budget": "--max-budget", "block_size": "--block-size"}
+
+
 def budget_options(
-    budget: str | int | None, max_budget: int | None, block_size: int | None = None
+    budget: str | int | None,
+    max_budget: int | None,
+    block_size: int | None = None,
+    names: Mapping[str, str] = CLI_NAMES,
 ) -> int | str | None:
     """``--budget`` (None, a number of at least 1, or "auto") and ``--max-budget`` (only with
     "auto"; at least 1 and, with a known ``block_size``, at least block - 1), as ``ddtree
-    serve`` and ``ddtree bench`` take them: the parsed budget, or ValueError with the
-    one-line reason."""
+    serve`` and ``ddtree bench`` take them: the parsed budget, or BudgetOptionError with the
+    one-line reason, naming the options as ``names`` does (a deploy file has its own)."""
+    b, m, k = names["budget"], names["max_budget"], names["block_size"]
     if budget is not None:
         try:
             budget = parse_budget(budget)
         except ValueError as exc:
-            raise ValueError(f"--budget {exc}") from None
+            raise BudgetOptionError(f"{b} {exc}", "budget") from None
     if max_budget is not None:
         if max_budget < 1:
-            raise ValueError(f"--max-budget must be at least 1, got {max_budget}")
+            raise BudgetOptionError(f"{m} must be at least 1, got {max_budget}", "max_budget")
         if budget != AUTO:
-            raise ValueError("--max-budget applies to --budget auto only")
+            raise BudgetOptionError(f"{m} applies to {b} auto only", "max_budget")
         if block_size is not None and max_budget < block_size - 1:
-            raise ValueError(
-                f"--max-budget {max_budget} is below --block-size - 1 "
-                f"({block_size - 1}), which --budget auto always keeps"
+            raise BudgetOptionError(
+                f"{m} {max_budget} is below {k} - 1 ({block_size - 1}), which {b} auto "
+                "always keeps",
+                "max_budget",
             )
     return budget
 
@@ -148,10 +169,11 @@ def batch_bucket(batch: int) -> int:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    min_samples: int = 3  # timed rounds per (bucket, width) before its cost is trusted
-    warmup_samples: int = 1  # first rounds per (bucket, width), run but not timed
+    min_samples: int = 5  # timed rounds per (bucket, width) before its cost is trusted
+    warmup_samples: int = 2  # first rounds per (bucket, width), run but not timed
     hysteresis: float = 0.05  # switch only to a candidate > 5 % better than the current one
-    cost_weight: float = 0.1  # exponential weight of a new level or relative time, after 10
+    level_window: int = 32  # rounds at the budget in use that set the level (robust mean)
+    relative_window: int = 16  # timings of a width that set its relative time (robust mean)
     value_weight: float = 0.05  # the same for a request's tree value
     calibration_decay: float = 0.998  # per round at a budget: the ratio's memory, ~500 rounds
     calibration_prior: float = 16.0  # request-rounds of the smaller budget's ratio in each
@@ -163,11 +185,12 @@ class PolicyConfig:
     def __post_init__(self):
         if self.min_samples < 1 or self.warmup_samples < 0:
             raise ValueError("min_samples must be >= 1 and warmup_samples >= 0")
+        if min(self.level_window, self.relative_window) < 1:
+            raise ValueError("level_window and relative_window must be >= 1")
         if self.hysteresis < 0:
             raise ValueError("hysteresis must be >= 0")
-        for name in ("cost_weight", "value_weight"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in (0, 1]")
+        if not 0 < self.value_weight <= 1:
+            raise ValueError("value_weight must be in (0, 1]")
         if not 0 < self.calibration_decay <= 1:
             raise ValueError("calibration_decay must be in (0, 1]")
         if self.calibration_prior < 0:
@@ -195,6 +218,37 @@ class _Mean:
         self.value += (x - self.value) * max(1.0 / self.n, self.weight)
 
 
+def robust_mean(samples: Iterable[float]) -> float:
+    """The mean of the samples within a factor 1.5 of their (lower) median. One slow round
+    (a CUDA graph's first replay, an allocation, another process's burst) does not move it;
+    ordinary noise averages out as in a mean."""
+    ordered = sorted(samples)
+    median = ordered[(len(ordered) - 1) // 2]  # a sample, so ``kept`` holds at least it
+    kept = [x for x in ordered if median / 1.5 <= x <= median * 1.5]
+    return sum(kept) / len(kept)
+
+
+class _Window:
+    """The robust mean of the last ``size`` samples: a lasting change moves it within half
+    a window. Computed once per new sample (a choice reads it for every candidate)."""
+
+    __slots__ = ("_value", "samples")
+
+    def __init__(self, size: int, values: Iterable[float] = ()):
+        self.samples: deque[float] = deque(values, maxlen=size)
+        self._value: float | None = None
+
+    def add(self, x: float) -> None:
+        self.samples.append(x)
+        self._value = None
+
+    @property
+    def value(self) -> float:
+        if self._value is None:
+            self._value = robust_mean(self.samples)
+        return self._value
+
+
 @dataclass
 class _Ratio:
     """Decayed sums of accepted drafted tokens and of predicted value."""
@@ -215,8 +269,9 @@ class _Ratio:
 
 @dataclass
 class _Bucket:
-    """Round times of one batch bucket: while exploring, a mean per width; then a level (the
-    narrowest width's round time now) times each width's time relative to it."""
+    """Round times of one batch bucket: while exploring, the robust mean per width; then a
+    level (the narrowest width's round time now) times each width's time relative to it,
+    each the robust mean of a window of recent samples."""
 
     budget: int | None = None  # the choice in use (None while exploring)
     rounds: int = 0
@@ -224,34 +279,36 @@ class _Bucket:
     retimings: int = 0
     seen: dict[int, int] = field(default_factory=dict)  # width -> rounds run (timed or not)
     timed: dict[int, int] = field(default_factory=dict)  # width -> timed rounds
-    samples: dict[int, _Mean] = field(default_factory=dict)  # exploring: width -> seconds
-    level: _Mean | None = None
-    relative: dict[int, _Mean] = field(default_factory=dict)
+    samples: dict[int, list[float]] = field(default_factory=dict)  # exploring: width -> s
+    level: _Window | None = None
+    relative: dict[int, _Window] = field(default_factory=dict)
     last_timed: dict[int, int] = field(default_factory=dict)  # width -> round index
 
     def cost(self, width: int) -> float | None:
         if self.level is not None:
             return self.level.value * self.relative[width].value
-        mean = self.samples.get(width)
-        return mean.value if mean is not None and mean.n else None
+        samples = self.samples.get(width)
+        return robust_mean(samples) if samples else None
 
-    def add_time(self, width: int, seconds: float, weight: float) -> None:
+    def add_time(self, width: int, seconds: float) -> None:
         self.timed[width] = self.timed.get(width, 0) + 1
         self.last_timed[width] = self.rounds
         if self.level is None:
-            self.samples.setdefault(width, _Mean(weight)).add(seconds)
+            self.samples.setdefault(width, []).append(seconds)
         elif self.budget is not None and width == self.budget + 1:
             self.level.add(seconds / self.relative[width].value)
         else:  # a re-timing: compared with the level of the same moment
             self.relative[width].add(seconds / self.level.value)
 
-    def settle(self, widths: Iterable[int], weight: float) -> None:
-        """End of exploration: from per-width means to a level and relative times."""
+    def settle(self, widths: Iterable[int], level_window: int, relative_window: int) -> None:
+        """End of exploration: from per-width samples to a level (the narrowest width's) and
+        relative times (each sample over the narrowest width's median)."""
         widths = sorted(widths)
-        ref = self.samples[widths[0]]
-        self.level = _Mean(weight, ref.value, ref.n)
+        first = self.samples[widths[0]]
+        ref = robust_mean(first)
+        self.level = _Window(level_window, first)
         self.relative = {
-            w: _Mean(weight, self.samples[w].value / ref.value, self.samples[w].n) for w in widths
+            w: _Window(relative_window, (x / ref for x in self.samples[w])) for w in widths
         }
 
 
@@ -338,9 +395,9 @@ class BudgetPolicy:
             seen = state.seen.get(width, 0)
             state.seen[width] = seen + 1
             if seconds is not None and seconds > 0 and seen >= cfg.warmup_samples:
-                state.add_time(width, seconds, cfg.cost_weight)
+                state.add_time(width, seconds)
             if state.level is None and self._explored(state):
-                state.settle((b + 1 for b in self.budgets), cfg.cost_weight)
+                state.settle((b + 1 for b in self.budgets), cfg.level_window, cfg.relative_window)
             # Only rounds that know every value update the means, so that the candidates'
             # means come from the same rounds (values of one round only grow with B).
             if all(b in values for b in self.budgets):
@@ -350,6 +407,26 @@ class BudgetPolicy:
                 self._ratios[b].add(count, values[b], cfg.calibration_decay)
             if state.level is not None:
                 self._choose(key, state)
+
+    def observe_prefix(
+        self,
+        batch: int,
+        budget: int,
+        *,
+        seconds: float | None,
+        values: Sequence[float],
+        accepted: Sequence[float],
+        probe: Sequence[float] | None = None,
+    ) -> None:
+        """:meth:`observe` from a tree's statistics as lists: ``values`` and ``accepted`` for
+        the candidates up to ``budget``, smallest first (what a round's tree speaks for, the
+        best-first tree being a prefix order), and ``probe`` every candidate's value when the
+        round also built the largest tree."""
+        mine = self.budgets[: len(values)]
+        known = dict(zip(self.budgets, probe, strict=True)) if probe is not None else {}
+        known.update(zip(mine, values, strict=True))
+        counts = dict(zip(mine, accepted, strict=True))
+        self.observe(batch, budget, seconds=seconds, values=known, accepted=counts)
 
     # ---- estimates -------------------------------------------------------------------
 

@@ -625,6 +625,37 @@ def committed_tokens(tree: DraftTree, walk: WalkResult) -> Tensor:
     return torch.where(k == last, walk.bonus.unsqueeze(1), out)
 
 
+def prefix_stats(
+    scores: Tensor, path: Tensor | None, budgets: Tensor, arange: Tensor | None = None
+) -> Tensor:
+    """What every smaller budget's tree would have given, from one tree: per candidate budget
+    ``B'`` in ``budgets`` (int64, none above the tree's), summed over the rows, ``[2,
+    candidates]``: the value of the budget-``B'`` tree and the drafted tokens it would have
+    accepted (the second row zero without ``path``).
+
+    ``scores`` is the tree's ``[b, 1 + N]`` path log-probabilities (root first; padding -inf
+    counts 0), ``path`` the ``[b, L]`` node ids (>= 1) of each row's accepted drafted tokens,
+    < 1 after; ``arange``, if given, holds at least ``0..N-1`` (saves a launch). The
+    best-first tree is a prefix order: the budget-``B'`` tree is the ``B'`` best nodes of
+    this one, so its value is the sum of the ``B'`` largest path probabilities, and it would
+    have accepted the path's nodes among those ``B'`` (they are a prefix of the path, as the
+    nodes are closed under taking parents). Ranks break equal scores by node index."""
+    scores = scores[:, 1:]
+    order = scores.argsort(dim=1, descending=True, stable=True)
+    best = scores.gather(1, order).exp().cumsum(dim=1)
+    values = best.index_select(1, budgets - 1).sum(dim=0)
+    if path is None:
+        return torch.stack([values, torch.zeros_like(values)])
+    n = order.shape[1]
+    places = (torch.arange(n, device=order.device) if arange is None else arange[:n]).expand_as(
+        order
+    )
+    rank = torch.empty_like(order).scatter_(1, order, places)  # node -> place by score
+    path_rank = rank.gather(1, (path - 1).clamp(min=0)).masked_fill(path < 1, n)
+    accepted = (path_rank.unsqueeze(-1) < budgets).sum(dim=(0, 1))
+    return torch.stack([values, accepted.to(values.dtype)])
+
+
 def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
     """Gather indices that compact the accepted path's KV / hidden rows to the front.
 

@@ -165,7 +165,7 @@ def prefix_stats(
     """``[values, accepted]`` per budget ``B'`` in ``budgets`` (none above the tree's), summed
     over rows ``0..b-1``: the value of the budget-``B'`` tree, the ``B'`` best nodes of this
     one, and (given the walk; else 0) the drafted tokens it would have accepted, the path's
-    nodes among them. The engine's tensor version for CPU rounds, in scalars; ranks break
+    nodes among them. ``draft_tree.prefix_stats`` for CPU rounds, in scalars; ranks break
     equal scores by node index, as a stable sort does."""
     values = [0.0] * len(budgets)
     accepted = [0.0] * len(budgets)

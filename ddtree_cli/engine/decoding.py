@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ddtree_cli import draft_tree
 from ddtree_cli.budget_policy import AUTO, BudgetPolicy, candidate_budgets
 from ddtree_cli.engine.target import move_columns
 from ddtree_cli.engine.weights import ModelPair
@@ -162,7 +163,6 @@ class Engine:
         self._arange = torch.arange(self.capacity + 1, device=self.device)
         self._rows = torch.arange(max_batch, device=self.device).unsqueeze(1)
         if algo == "ddtree":
-            from ddtree_cli import draft_tree
             from ddtree_cli.engine import cpu_tree
 
             # Same trees and walks; on the CPU the scalar heap skips ~200 tiny tensor ops.
@@ -308,40 +308,21 @@ class Engine:
         return cpu_tree.prefix_stats(tree, walk, self._budget_list[tree.budget], b)
 
     def _tree_values(self, tree, b: int, walk=None) -> torch.Tensor:
-        """Per candidate budget ``B'`` up to the tree's own, summed over the batch: the value
-        of the budget-``B'`` tree and (given the verify ``walk``) the drafted tokens it would
-        have accepted; [2, candidates], the second row zero without a walk.
-
-        The budget-``B'`` tree is the ``B'`` best nodes of this one (the prefix order), so
-        its value is the sum of the ``B'`` largest path probabilities (padding scores -inf
-        count 0), and it would have accepted the accepted path's nodes among those ``B'``:
-        the path's nodes in it are a prefix of the path, as the nodes are closed under
-        taking parents, and the walk follows the same target tokens."""
-        budgets = self._candidates[tree.budget]
-        scores = tree.scores[:b, 1:]
-        order = scores.argsort(dim=1, descending=True, stable=True)
-        best = scores.gather(1, order).exp().cumsum(dim=1)
-        values = best.index_select(1, budgets - 1).sum(dim=0)
-        if walk is None:
-            return torch.stack([values, torch.zeros_like(values)])
-        places = self._arange[: order.shape[1]].expand_as(order)
-        rank = torch.empty_like(order).scatter_(1, order, places)  # node -> place by score
-        path = walk.accepted[:, 1:]  # node ids (>= 1) of the accepted drafted tokens, -1 after
-        path_rank = rank.gather(1, (path - 1).clamp(min=0)).masked_fill(path < 1, tree.budget)
-        accepted = (path_rank.unsqueeze(-1) < budgets).sum(dim=(0, 1))
-        return torch.stack([values, accepted.to(values.dtype)])
+        """Per candidate budget up to the tree's own, summed over the batch: the value of
+        the budget-``B'`` tree and (given the verify ``walk``) the drafted tokens it would
+        have accepted; [2, candidates] (``draft_tree.prefix_stats``)."""
+        path = walk.accepted[:, 1:] if walk is not None else None
+        return draft_tree.prefix_stats(
+            tree.scores[:b], path, self._candidates[tree.budget], self._arange
+        )
 
     def _observe(self, b, budget, seconds, stats, probe) -> None:
-        # A round's tree speaks for the candidates up to its own budget; a probe's values
-        # for all of them.
         values, accepted = stats.tolist() if isinstance(stats, torch.Tensor) else stats
         if isinstance(probe, torch.Tensor):
             probe = probe.tolist()
-        mine = self.budgets[: len(values)]
-        known = dict(zip(self.budgets, probe, strict=True)) if probe is not None else {}
-        known.update(zip(mine, values, strict=True))
-        counts = dict(zip(mine, accepted, strict=True))
-        self.policy.observe(b, budget, seconds=seconds, values=known, accepted=counts)
+        self.policy.observe_prefix(
+            b, budget, seconds=seconds, values=values, accepted=accepted, probe=probe
+        )
 
     def _verify(
         self, b: int, span: int, draft: torch.Tensor | None, sampling: bool, budget: int

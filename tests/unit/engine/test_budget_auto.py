@@ -115,17 +115,19 @@ def test_a_round_at_a_larger_budget_says_what_each_smaller_tree_would_accept(bui
 
 
 CASES = [
-    # batch, block, max_budget, rank probabilities of the true token (None: real drafter)
-    (1, 16, None, (0.5, 0.35, 0.15)),
-    (3, 5, None, (0.7, 0.2, 0.1)),
-    (8, 8, 20, (0.0, 1.0, 0.0)),
-    (5, 16, 100, (0.8, 0.15, 0.05)),
-    (4, 16, None, None),
+    # batch, block, max_budget, rank probabilities of the true token (None: real drafter),
+    # passes over the prompts (enough rounds for one bucket to explore every candidate:
+    # 7 rounds each, four candidates at max budget 100)
+    (1, 16, None, (0.5, 0.35, 0.15), 1),
+    (3, 5, None, (0.7, 0.2, 0.1), 1),
+    (8, 8, 20, (0.0, 1.0, 0.0), 1),
+    (5, 16, 100, (0.8, 0.15, 0.05), 2),
+    (4, 16, None, None, 1),
 ]
 
 
-@pytest.mark.parametrize(("batch", "block", "max_budget", "probs"), CASES)
-def test_auto_is_exact_and_records_its_choices(batch, block, max_budget, probs):
+@pytest.mark.parametrize(("batch", "block", "max_budget", "probs", "passes"), CASES)
+def test_auto_is_exact_and_records_its_choices(batch, block, max_budget, probs, passes):
     engine = Engine(
         PAIR,
         "ddtree",
@@ -137,8 +139,8 @@ def test_auto_is_exact_and_records_its_choices(batch, block, max_budget, probs):
     )
     if probs is not None:
         engine.draft_hook = PeakedDraftHook(REFS, probs, seed=batch)
-    seqs = generate(engine, PROMPTS, MAX_NEW)
-    assert [s.output for s in seqs] == REFERENCE
+    seqs = generate(engine, PROMPTS * passes, MAX_NEW)
+    assert [s.output for s in seqs] == REFERENCE * passes
     snap = engine.policy.snapshot()
     assert snap["candidates"] == list(engine.budgets)
     assert engine.budgets[0] == block - 1
