@@ -33,7 +33,7 @@ from pathlib import Path
 from ddtree_cli.errors import DdtreeError
 from ddtree_cli.patching import fetch, recognise, snapshot, unidiff
 from ddtree_cli.patching import series as series_mod
-from ddtree_cli.patching.series import VENDORED_TREE_PATH, sha256
+from ddtree_cli.patching.series import VENDORED, sha256
 
 RELEASES_TABLE = Path(__file__).resolve().parents[2] / "tests" / "patch" / "releases.json"
 
@@ -64,7 +64,7 @@ def port(base: series_mod.Series, pristine: Path, edited: Path) -> list[str]:
                 reason = str(exc).split(": ", 1)[-1].replace("of hunk 1 ", "")
                 problems.append(f"{rel}: hunk {number} ({reason})")
         path.write_text(text, encoding="utf-8")
-    for rel in [*base.new_files, VENDORED_TREE_PATH]:
+    for rel in [*base.new_files, *VENDORED]:
         target = edited / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(base.new_content(rel))
@@ -79,7 +79,7 @@ def write_series(
     pristine_hashes: dict[str, str] = {}
     chunks: list[str] = []
     for rel in sorted(after):
-        if rel == VENDORED_TREE_PATH:
+        if rel in VENDORED:
             continue
         if rel in family:
             if after[rel].decode() != family[rel]:  # this release's change to a family file

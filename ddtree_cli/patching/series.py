@@ -15,8 +15,11 @@ On disk, under ``series/``:
     the layout and the SHA-256 of every SGLang file the diff touches as released (the
     *pristine* hashes; they are how a snapshot is recognised by content).
 
-The algorithm module is in neither: ``ddtree_cli/draft_tree.py`` is copied verbatim to
-``sglang/srt/speculative/ddtree_tree.py`` when a series is applied.
+The project's own modules are in neither: ``ddtree_cli/draft_tree.py`` (the algorithm) is
+copied verbatim to ``sglang/srt/speculative/ddtree_tree.py`` and ``ddtree_cli/budget_policy.py``
+(``--speculative-ddtree-budget auto``'s policy, standard library only) to
+``sglang/srt/speculative/ddtree_budget_policy.py`` when a series is applied, in every
+series alike (only the 0.5.13 series' worker uses the policy so far).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ from ddtree_cli.errors import DdtreeError
 from ddtree_cli.patching import unidiff
 
 VENDORED_TREE_PATH = "sglang/srt/speculative/ddtree_tree.py"
+VENDORED_POLICY_PATH = "sglang/srt/speculative/ddtree_budget_policy.py"
+# Snapshot path -> the ddtree_cli module copied there byte for byte.
+VENDORED = {VENDORED_TREE_PATH: "draft_tree.py", VENDORED_POLICY_PATH: "budget_policy.py"}
 RELEASE_PATCH = "release.patch"
 SERIES_JSON = "series.json"
 COMMON_FAMILY = "common"
@@ -56,11 +62,11 @@ class Series:
 
     @property
     def touched(self) -> list[str]:
-        return sorted([*self.pristine, *self.added, VENDORED_TREE_PATH])
+        return sorted([*self.pristine, *self.added, *VENDORED])
 
     def new_content(self, rel: str) -> bytes:
-        if rel == VENDORED_TREE_PATH:
-            return vendored_tree_source()
+        if rel in VENDORED:
+            return vendored_source(rel)
         return self.added[rel].encode("utf-8")
 
     def patched(self, rel: str, text: bytes, *, fuzzy: bool = False) -> bytes:
@@ -73,7 +79,7 @@ class Series:
         """Every change as one ``git apply``-able diff: the release's hunks on SGLang's
         files, then each added file whole (the algorithm module included)."""
         text = self.release_patch_for_sglang()
-        for rel in [*self.new_files, VENDORED_TREE_PATH]:
+        for rel in [*self.new_files, *VENDORED]:
             text += unidiff.make(rel, None, self.new_content(rel).decode("utf-8"))
         return text
 
@@ -189,9 +195,14 @@ def of_layout(layout: str) -> list[Series]:
     return [load(v) for v in supported_versions() if load(v).layout == layout]
 
 
+def vendored_source(rel: str) -> bytes:
+    """The ddtree_cli module vendored at snapshot path ``rel``, byte for byte."""
+    return (resources.files("ddtree_cli") / VENDORED[rel]).read_bytes()
+
+
 def vendored_tree_source() -> bytes:
     """The algorithm module, byte for byte."""
-    return (resources.files("ddtree_cli") / "draft_tree.py").read_bytes()
+    return vendored_source(VENDORED_TREE_PATH)
 
 
 def series_dir_on_disk(version: str) -> Path:

@@ -196,6 +196,42 @@ def resolved_widths(args) -> dict:
 
 out["budgets"] = handled(block16, budget_cases, resolved_widths)
 
+# --- --speculative-ddtree-budget auto: the CLI's type, then _handle_ddtree (0.5.13 takes
+# it; the v2 releases refuse it), then the v2 worker's own refusal
+auto_parser = argparse.ArgumentParser(exit_on_error=False)
+ServerArgs.add_cli_args(auto_parser)
+auto_cli = {}
+for value in ("auto", "AUTO", "64", "autox"):
+    try:
+        auto_cli[value] = auto_parser.parse_args(
+            ["--model-path", "m", "--speculative-ddtree-budget", value]
+        ).speculative_ddtree_budget
+    except argparse.ArgumentError as exc:
+        auto_cli[value] = f"ArgumentError: {exc}"
+out["auto_cli"] = auto_cli
+auto_cases = {
+    "auto": {"speculative_ddtree_budget": "auto"},
+    "auto_max_48": {"speculative_ddtree_budget": "auto", "speculative_ddtree_max_budget": 48},
+    "auto_max_8": {"speculative_ddtree_budget": "auto", "speculative_ddtree_max_budget": 8},
+    "auto_max_huge": {"speculative_ddtree_budget": "auto",
+                      "speculative_ddtree_max_budget": 5000},
+    "max_without_auto": {"speculative_ddtree_budget": 15, "speculative_ddtree_max_budget": 64},
+    "auto_tp2": {"speculative_ddtree_budget": "auto", "tp_size": 2},
+    "auto_flashinfer": {"speculative_ddtree_budget": "auto", "attention_backend": "flashinfer"},
+    "autox": {"speculative_ddtree_budget": "autox"},
+}  # fmt: skip
+if V2:  # only the first: the others are the same error there
+    auto_cases = {"auto": auto_cases["auto"]}
+
+
+def auto_widths(args) -> dict:
+    entry = resolved_widths(args)
+    entry["max_budget"] = resolved(args, "speculative_ddtree_max_budget")
+    return entry
+
+
+out["budget_auto"] = handled(block16, auto_cases, auto_widths)
+
 # --- the workers know their algorithm
 if V2:
     from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2 as TreeWorker
@@ -218,6 +254,49 @@ else:
         cls = ChainWorker if chain else TreeWorker
         return cls(args, 0, 0, None, 0, 0, 0, 0, target_worker)
 
+
+if V2:  # the v2 worker refuses auto itself, whatever reached it
+    out["tree_worker_auto"] = error_of(
+        lambda: construct(TreeWorker, server_args(**{**base, "speculative_ddtree_budget": "auto"}))
+    )
+else:
+    # budget auto's statistics per candidate from one round at the largest budget, against
+    # each candidate's own tree built and walked separately (the prefix order, and the
+    # mapping from SGLang's flat accept_index rows to tree slots)
+    from sglang.srt.speculative.ddtree_worker import _tree_stats  # noqa: E402
+
+    def tree_stats_case(seed: int) -> dict:
+        gen = torch.Generator().manual_seed(seed)
+        bs, n_pos, vocab, budgets = 3, 15, 40, (15, 32, 64)
+        logits = torch.randn(bs, n_pos, vocab, generator=gen) * 3.0
+        # the target's greedy continuation: mostly the draft's argmax, some rows diverge
+        truth = logits.argmax(-1)
+        flip = torch.rand(bs, n_pos, generator=gen) < 0.25
+        truth = torch.where(flip, (truth + 1) % vocab, truth)
+
+        def walk_of(tree):
+            # a node at depth d is followed, under the target, by truth[d] (its value at
+            # nodes off the true path is never read: the walk does not reach them)
+            target = truth.gather(1, tree.depths.clamp(max=n_pos - 1))
+            return ddtree_tree.verify_walk(tree, target)
+
+        big = ddtree_tree.build_tree(logits, budgets[-1])
+        walk = walk_of(big)
+        d = big.num_slots
+        acc = walk.accepted
+        rows = torch.where(acc >= 0, acc + torch.arange(bs).unsqueeze(1) * d, -1)
+        accept_index = torch.full((bs, d), -1, dtype=torch.int32)
+        accept_index[:, : rows.shape[1]] = rows[:, :d].to(torch.int32)
+        got = _tree_stats(big, accept_index, torch.tensor(budgets)).tolist()
+        want_values, want_accepted = [], []
+        for b in budgets:
+            small = ddtree_tree.build_tree(logits, b)
+            want_values.append(float(small.scores[:, 1:].exp().sum()))
+            want_accepted.append(int((walk_of(small).accept_len - 1).sum()))
+        probe_only = _tree_stats(big, None, torch.tensor(budgets)).tolist()
+        return {"got": got, "want": [want_values, want_accepted], "no_walk": probe_only}
+
+    out["tree_stats"] = [tree_stats_case(seed) for seed in (0, 1, 2)]
 
 out["tree_worker_with_dflash"] = error_of(
     lambda: construct(TreeWorker, server_args(**{**base, "speculative_algorithm": "DFLASH"}))

@@ -36,6 +36,15 @@ CASES = {
                "'qwen3_next')"),
     "budget_0": (["--speculative-ddtree-budget", "0"],
                  "--speculative-ddtree-budget must be between 1 and 1024"),
+    "budget_autox": (["--speculative-ddtree-budget", "autox"],
+                     "argument --speculative-ddtree-budget: --speculative-ddtree-budget must be "
+                     "a number of tree nodes or 'auto', got 'autox'"),
+    "max_budget_without_auto": (["--speculative-ddtree-max-budget", "64"],
+                                "--speculative-ddtree-max-budget applies to "
+                                "--speculative-ddtree-budget auto only, got budget unset"),
+    "auto_max_below_block": (["--speculative-ddtree-budget", "auto",
+                              "--speculative-ddtree-max-budget", "8"],
+                             "max budget 8 is below the drafter's block - 1 (15)"),
 }  # fmt: skip
 
 
@@ -100,4 +109,15 @@ def test_budget_64_on_a_block_16_draft_gets_past_argument_handling(launch):
     proc = run(["--speculative-ddtree-budget", "64"])
     out = proc.stdout + proc.stderr
     assert "ValueError" not in out, out[-3000:]
+    assert "in run_server" in out, out[-3000:]
+
+
+def test_budget_auto_gets_past_argument_handling(launch):
+    """``--speculative-ddtree-budget auto``: accepted by the flag's type and resolved by
+    ``_handle_ddtree`` (candidates 15, 32, 64 for the block-16 drafter, logged), then the
+    launcher stops where this venv lacks server dependencies, as for a number."""
+    run, _ = launch
+    proc = run(["--speculative-ddtree-budget", "auto"])
+    out = proc.stdout + proc.stderr
+    assert "ValueError" not in out and "error: argument" not in out, out[-3000:]
     assert "in run_server" in out, out[-3000:]

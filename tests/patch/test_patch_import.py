@@ -243,6 +243,57 @@ def test_budgets_apart_from_the_drafter_block(probe):
         assert "--speculative-ddtree-budget must be between 1 and" in budgets[bad]["error"]
 
 
+def test_budget_auto_on_0_5_13_and_refused_on_v2(probe):
+    """``--speculative-ddtree-budget auto``: 0.5.13 (v1) resolves the candidates' widest
+    verify and keeps "auto" visible; the v2 releases refuse it in one line."""
+    version, facts = probe
+    cli, auto = facts["auto_cli"], facts["budget_auto"]
+    if not is_v1(version):  # v2's flag is an int; _handle_ddtree and the worker refuse too
+        assert "invalid int value: 'auto'" in cli["auto"]
+        assert auto["auto"]["error"] is not None
+        assert facts["tree_worker_auto"] == (
+            "ValueError: --speculative-ddtree-budget auto is not supported on SGLang 0.5.14 "
+            "and later yet (0.5.13 only)."
+        )
+        return
+    assert (cli["auto"], cli["AUTO"], cli["64"]) == ("auto", "auto", 64)
+    assert cli["autox"] == (
+        "ArgumentError: argument --speculative-ddtree-budget: --speculative-ddtree-budget "
+        "must be a number of tree nodes or 'auto', got 'autox'"
+    )
+    for name, top in (("auto", 64), ("auto_max_48", 48)):  # candidates 15, 32, (48,) 64
+        entry = auto[name]
+        assert entry["error"] is None, (name, entry)
+        assert (entry["budget"], entry["max_budget"]) == ("auto", top)
+        assert (entry["verify_width"], entry["block"]) == (top + 1, 16)
+        assert entry["alloc_len_per_decode"] == top + 1  # reserved for the widest
+        assert entry["rerun"] == [None, top + 1, 16]  # resolving twice changes nothing
+    assert "max budget 8 is below the drafter's block - 1 (15)" in auto["auto_max_8"]["error"]
+    assert "--speculative-ddtree-max-budget must be at most 1024" in auto["auto_max_huge"]["error"]
+    assert (
+        "applies to --speculative-ddtree-budget auto only, got budget 15"
+        in (auto["max_without_auto"]["error"])
+    )
+    assert "--tp-size 1 only for now" in auto["auto_tp2"]["error"]
+    assert "auto needs --attention-backend triton" in auto["auto_flashinfer"]["error"]
+    assert "must be a number of tree nodes or 'auto', got 'autox'" in auto["autox"]["error"]
+
+
+@pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)
+def test_budget_auto_statistics_match_each_candidates_own_tree(probe):
+    """One round's tree at the largest candidate (64) gives every candidate's value and
+    what it would have accepted: each equals that candidate's own tree, built and walked
+    on its own (values to float rounding, accepted counts exactly)."""
+    _, facts = probe
+    for case in facts["tree_stats"]:
+        (got_values, got_accepted), (want_values, want_accepted) = case["got"], case["want"]
+        assert got_values == pytest.approx(want_values, rel=1e-5)
+        assert got_accepted == want_accepted
+        assert got_values[0] < got_values[1] < got_values[2]  # a larger tree holds more
+        assert case["no_walk"] == [got_values, [0.0, 0.0, 0.0]]
+    assert any(c["want"][1][0] < c["want"][1][2] for c in facts["tree_stats"])  # not vacuous
+
+
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True)
 def test_each_runner_gets_its_width_v2(probe):
     """v2, with the resolved arguments published: the target runner is sized (graphs,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_cli import budget_policy
 from ddtree_cli.patching import engine, fetch, series, snapshot
 from tests.conftest import require
 from tests.patch.conftest import RELEASES, VERSIONS, tree_digest
@@ -70,6 +71,8 @@ def test_apply_check_reapply_revert_round_trip(version, snapshot_copy):
     for rel in touched:  # compile what is on disk, independently of the tool
         compile((root / rel).read_bytes(), rel, "exec", dont_inherit=True)
     assert (root / series.VENDORED_TREE_PATH).read_bytes() == series.vendored_tree_source()
+    policy = root / series.VENDORED_POLICY_PATH  # ddtree_cli/budget_policy.py, byte for byte
+    assert policy.read_bytes() == Path(budget_policy.__file__).read_bytes()
 
     check = run_cli(str(root), "--check", "--json")
     assert check.returncode == 0, check.stderr

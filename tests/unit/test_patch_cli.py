@@ -71,6 +71,7 @@ def test_series_are_shipped_and_consistent():
         s = series.load(version)
         assert s.version == version and s.layout == ("v1" if version == "0.5.13" else "v2")
         assert series.VENDORED_TREE_PATH in s.touched
+        assert series.VENDORED_POLICY_PATH in s.touched  # budget auto's policy, carried too
         assert all(len(h) == 64 for h in s.pristine.values())
         assert set(s.diffs) == set(s.pristine)  # hunks only on files the release ships
     # Shipped as package data, so an installed ddtree finds them too.

@@ -1,4 +1,5 @@
-"""DDTREE helpers: request validation, the hybrid gate and the top-K draft head."""
+"""DDTREE helpers: the budget argument, request validation, the hybrid gate and the top-K
+draft head."""
 
 from __future__ import annotations
 
@@ -40,6 +41,36 @@ _HYBRID_MODEL_TYPES = frozenset(
 )
 _HYBRID_CONFIG_FIELDS = ("hybrid_override_pattern", "linear_attn_config", "layers_block_type")
 _RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "mamba", "mamba2", "conv", "gdn"})
+
+
+def ddtree_budget_arg(value: Any):
+    """``--speculative-ddtree-budget``: a whole number (its range is checked by
+    ``_handle_ddtree``) or ``"auto"``; anything else is refused in one line (argparse shows
+    the message; from Python it is a ValueError)."""
+    import argparse
+
+    class BudgetError(argparse.ArgumentTypeError, ValueError):
+        pass
+
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value).strip()
+    if text.lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise BudgetError(
+            f"--speculative-ddtree-budget must be a number of tree nodes or 'auto', "
+            f"got {value!r}"
+        ) from None
+
+
+def refuse_budget_auto(server_args: "ServerArgs", why: str) -> None:
+    """Where ``--speculative-ddtree-budget auto`` is not implemented: one clear error."""
+    budget = getattr(server_args, "speculative_ddtree_budget", None)
+    if isinstance(budget, str) and budget.strip().lower() == "auto":
+        raise ValueError(f"--speculative-ddtree-budget auto is not supported {why}.")
 
 
 def hybrid_reason_from_config(hf_config: Any) -> Optional[str]:

@@ -41,6 +41,9 @@ class DDTreeVerifyInput(DFlashVerifyInput):
     retrieve_next_sibling: Optional[torch.Tensor] = None
     # int64 [bs]: slot of the last accepted node, set by verify() (for the Mamba commit).
     last_accepted_slot: Optional[torch.Tensor] = None
+    # int32 [bs, D]: the tree verify's accepted path (flat rows, root first, -1 after),
+    # set by verify() (for budget auto's accepted counts per candidate).
+    accept_index: Optional[torch.Tensor] = None
 
     @classmethod
     def from_tree(
@@ -223,6 +226,7 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         device = logits.device
         self._apply_sampling_adjustments(batch, logits_output)
         predicts, accept_index = self._tree_verify(batch, logits)
+        self.accept_index = accept_index
 
         # One D2H copy of the accepted paths (flat rows, root first) and the tokens.
         accept_index_cpu = accept_index.cpu().tolist()

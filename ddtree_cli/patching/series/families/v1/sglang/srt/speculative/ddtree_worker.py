@@ -8,12 +8,31 @@ Everything but two steps is DFlash's: prefill, the draft block forward, draft KV
 materialisation and the scheduler protocol are inherited. DDTREE replaces the draft argmax
 with a per-position top-K log-probability head and builds a best-first tree from it
 (``ddtree_tree.py``); ``DDTreeVerifyInput`` verifies the tree and commits the accepted path.
+
+``--speculative-ddtree-budget auto``: the budget is chosen every round for the running
+batch by ``ddtree_budget_policy.py`` (a verbatim copy of ``ddtree_cli/budget_policy.py``,
+the embedded engine's policy). ``_handle_ddtree`` sizes everything SGLang fixes at start-up
+for the largest candidate (``speculative_num_draft_tokens = max budget + 1``: the scheduler's
+reservation, the attention buffers, the widest verify graphs); this worker captures one
+more set of target-verify CUDA graphs per smaller candidate width, sharing the widest's
+attention buffers, and before each verify selects the runner and the triton backend's
+verify width for the round's budget. The draft head's top-K is taken at the largest
+budget, which is exact for every smaller one. Observed rounds (the policy's exploration,
+re-timing and probe rounds, and one in ``OBSERVE_EVERY`` of the others) are timed with CUDA
+events read a round or more later, when a verify's host synchronisation has already passed
+them; their tree's value and accepted counts per candidate are computed on the device and
+copied to pinned memory without a synchronisation.
+
+Run on an H200 (0.5.13, the 8B-cost pair; docs/performance.md): lossless, the budget follows
+the batch, but every round was observed then and auto's rounds were 3-16 % slower than the
+fixed budget it chose; one observed round in four is newer than that run.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from dataclasses import dataclass
+from typing import Dict, Optional
 
 import torch
 
@@ -21,7 +40,7 @@ from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.speculative import ddtree_tree
+from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
 from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput
 from sglang.srt.speculative.ddtree_utils import (
     check_ddtree_algorithm,
@@ -42,6 +61,8 @@ def check_ddtree_worker_args(server_args: ServerArgs) -> SpeculativeAlgorithm:
     # scheduler's reservations.
     block_size = server_args.speculative_dflash_block_size
     budget = server_args.speculative_ddtree_budget
+    if budget == "auto":  # the verify width is the largest candidate's
+        budget = server_args.speculative_ddtree_max_budget
     width = server_args.speculative_num_draft_tokens
     if block_size is None or budget is None or width is None:
         raise ValueError(
@@ -86,21 +107,165 @@ class DDTreeWorker(DFlashWorker):
             nccl_port,
             target_worker,
         )
-        self.budget = int(server_args.speculative_ddtree_budget)
+        self.policy: Optional[ddtree_budget_policy.BudgetPolicy] = None
+        if server_args.speculative_ddtree_budget == "auto":
+            self.policy = ddtree_budget_policy.BudgetPolicy(
+                ddtree_budget_policy.candidate_budgets(
+                    self.block_size, server_args.speculative_ddtree_max_budget
+                )
+            )
+            self.budget = self.policy.max_budget  # the widest; each round picks its own
+        else:
+            self.budget = int(server_args.speculative_ddtree_budget)
         self.verify_width = self.budget + 1
         # Ranks beyond the budget can never enter the tree (a rank-r node needs r
-        # better siblings), so K = budget keeps the tree exact. The tree is at most
+        # better siblings), so K = budget keeps the tree exact, and K = the largest
+        # candidate keeps every smaller candidate's tree exact too. The tree is at most
         # block_size - 1 deep (the drafted positions), whatever the budget.
         self.topk = self.budget
+        self.round_budget = self.budget  # the latest round's (under auto, its choice)
+        self._round: Optional[_Round] = None
+        self._pending: Optional[_Round] = None
+        if self.policy is not None:
+            self._init_budget_auto()
         if self.tp_rank == 0:
             logger.info(
-                "DDTREE worker ready. budget=%d, top_k=%d, draft block_size=%d, "
-                "verify width=%d",
-                self.budget,
+                "DDTREE worker ready. budget=%s, top_k=%d, draft block_size=%d, "
+                "verify width=%d%s",
+                server_args.speculative_ddtree_budget,
                 self.topk,
                 self.block_size,
                 self.verify_width,
+                f", candidates={list(self.policy.budgets)}" if self.policy else "",
             )
+
+    # ---- budget auto -------------------------------------------------------------
+
+    def _init_budget_auto(self) -> None:
+        """Per candidate width: a target-verify graph runner (the widest is SGLang's own),
+        the candidates its tree speaks for, and pinned host buffers for its statistics."""
+        runner = self.target_worker.model_runner
+        backend = runner.attn_backend
+        if not hasattr(backend, "num_draft_tokens") or not hasattr(
+            backend, "init_cuda_graph_state"
+        ):
+            raise ValueError(
+                "--speculative-ddtree-budget auto needs the triton attention backend on "
+                f"the target, got {type(backend).__name__}."
+            )
+        device = runner.device
+        budgets = self.policy.budgets
+        self._candidates = {
+            b: torch.tensor([c for c in budgets if c <= b], device=device) for b in budgets
+        }
+        # Two sets, alternating by round: a round's copies land while the previous round's
+        # are read.
+        self._host_stats = [
+            {b: torch.empty((2, len(self._candidates[b])), pin_memory=True) for b in budgets}
+            for _ in range(2)
+        ]
+        self._host_probe = [torch.empty((len(budgets),), pin_memory=True) for _ in range(2)]
+        self._parity = 0
+        self._planned = 0
+        self._graph_runners: Dict[int, object] = {}
+        widest = runner.graph_runner
+        if widest is None:  # --disable-cuda-graph: every verify runs eagerly
+            return
+        self._graph_runners[self.verify_width] = widest
+        from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
+        # A runner's constructor re-allocates the backend's CUDA-graph buffers, which the
+        # widest runner's graphs read: keep those (sized for the widest verify, so large
+        # enough for any narrower one) while the narrower runners capture.
+        backend.init_cuda_graph_state = lambda *args, **kwargs: None
+        try:
+            for budget in budgets[:-1]:
+                width = budget + 1
+                backend.num_draft_tokens = width
+                self._graph_runners[width] = CudaGraphRunner(
+                    runner, speculative_num_draft_tokens=width
+                )
+        finally:
+            del backend.init_cuda_graph_state
+            backend.num_draft_tokens = self.verify_width
+        runner.graph_runner = widest
+
+    OBSERVE_EVERY = 4  # under auto: rounds per observed round, besides the policy's own
+
+    def _use_width(self, width: int) -> None:
+        """The target's verify width for this round: its graph runner and the triton
+        backend's per-request query count (qo/mask indptr and the verify kernel's grid)."""
+        runner = self.target_worker.model_runner
+        runner.attn_backend.num_draft_tokens = width
+        if self._graph_runners:
+            runner.graph_runner = self._graph_runners[width]
+
+    def forward_batch_generation(self, batch: ScheduleBatch, **kwargs):
+        if (
+            self.policy is None
+            or batch.forward_mode.is_extend()
+            or batch.forward_mode.is_idle()
+        ):
+            return super().forward_batch_generation(batch, **kwargs)
+        bs = batch.batch_size()
+        plan = self.policy.plan(bs)
+        self._planned += 1
+        # Exploration, re-timing and probe rounds (plan.probe) are always observed, the
+        # others one in OBSERVE_EVERY: timing and statistics cost host time every round.
+        observed = plan.probe or self._planned % self.OBSERVE_EVERY == 0
+        if observed:
+            self._parity ^= 1
+        current = _Round(batch=bs, plan=plan, parity=self._parity, observed=observed)
+        if observed:
+            current.start.record()
+        self._round = current
+        try:
+            result = super().forward_batch_generation(batch, **kwargs)
+        finally:
+            self._round = None
+        if observed:
+            current.end.record()
+        # This round's verify synchronised the host with the device, so the last observed
+        # round's events and statistics are complete: read them without a new sync.
+        self._observe(self._pending)
+        self._pending = None
+        if observed and current.verify_input is not None:
+            stats = _tree_stats(
+                current.tree,
+                current.verify_input.accept_index,
+                self._candidates[current.plan.budget],
+            )
+            current.stats = self._host_stats[current.parity][current.plan.budget]
+            current.stats.copy_(stats, non_blocking=True)
+            self._pending = current
+        return result
+
+    def _observe(self, done: Optional["_Round"]) -> None:
+        if done is None or not done.end.query():
+            return
+        seconds = done.start.elapsed_time(done.end) / 1e3
+        if done.probe_start is not None:
+            seconds -= done.probe_start.elapsed_time(done.probe_end) / 1e3
+        values, accepted = done.stats.tolist()
+        self.policy.observe_prefix(
+            done.batch,
+            done.plan.budget,
+            seconds=seconds,
+            values=values,
+            accepted=accepted,
+            probe=done.probe.tolist() if done.probe is not None else None,
+        )
+
+    def budget_policy_snapshot(self) -> Optional[dict]:
+        """The policy's state (budget per batch bucket, round times, ...), or None; the
+        scheduler's ``get_internal_state`` puts it in ``/server_info``."""
+        return self.policy.snapshot() if self.policy is not None else None
+
+    @property
+    def speculative_num_draft_tokens(self) -> int:
+        """The latest round's verify width, budget + 1: SGLang's metrics reporter reads it
+        as the active tier (the ``sglang:spec_num_draft_tokens`` gauge)."""
+        return self.round_budget + 1
 
     def _drafter_block_size_arg(self, server_args: ServerArgs) -> Optional[int]:
         # _handle_ddtree keeps the drafter's block here; speculative_num_draft_tokens is
@@ -119,13 +284,31 @@ class DDTreeWorker(DFlashWorker):
         logprobs, ids = draft_topk_logprobs(
             draft_hidden[:, 1:, :], lm_head, self.topk, get_tp_group()
         )
-        tree = ddtree_tree.build_tree_from_topk(logprobs, ids, self.budget)
-        return DDTreeVerifyInput.from_tree(
+        current = self._round
+        budget = self.budget if current is None else current.plan.budget
+        self.round_budget = budget
+        tree = ddtree_tree.build_tree_from_topk(logprobs, ids, budget)
+        verify_input = DDTreeVerifyInput.from_tree(
             tree,
             root_tokens=block_ids[:, 0],
             prefix_lens=batch.seq_lens,
             prefix_lens_cpu=batch.seq_lens_cpu,
         )
+        if current is not None:
+            if current.plan.probe and budget < self.policy.max_budget:
+                # Every candidate's value from one tree at the largest budget (the
+                # best-first tree is a prefix order); its time is not the round's.
+                current.probe_start = torch.cuda.Event(enable_timing=True)
+                current.probe_end = torch.cuda.Event(enable_timing=True)
+                current.probe_start.record()
+                widest = ddtree_tree.build_tree_from_topk(logprobs, ids, self.budget)
+                values = _tree_stats(widest, None, self._candidates[self.budget])[0]
+                current.probe = self._host_probe[current.parity]
+                current.probe.copy_(values, non_blocking=True)
+                current.probe_end.record()
+            current.tree, current.verify_input = tree, verify_input
+            self._use_width(budget + 1)
+        return verify_input
 
     def _update_target_mamba_state_after_verify(
         self,
@@ -153,3 +336,45 @@ class DDTreeWorker(DFlashWorker):
             mamba_steps_to_track=None,
             model=self.target_worker.model_runner.model,
         )
+
+
+@dataclass
+class _Round:
+    """One decode round under budget auto, observed one round later."""
+
+    batch: int
+    plan: "ddtree_budget_policy.Plan"
+    parity: int  # which of the two sets of pinned host buffers it writes
+    observed: bool = True  # timed, its statistics read (else: only run at plan.budget)
+    start: torch.cuda.Event = None
+    end: torch.cuda.Event = None
+    tree: Optional[ddtree_tree.DraftTree] = None
+    verify_input: Optional[DDTreeVerifyInput] = None
+    stats: Optional[torch.Tensor] = None  # pinned [2, candidates up to the round's]
+    probe: Optional[torch.Tensor] = None  # pinned [candidates]: the largest tree's values
+    probe_start: Optional[torch.cuda.Event] = None
+    probe_end: Optional[torch.cuda.Event] = None
+
+    def __post_init__(self):
+        if self.observed:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+
+
+def _tree_stats(
+    tree: ddtree_tree.DraftTree,
+    accept_index: Optional[torch.Tensor],
+    budgets: torch.Tensor,
+) -> torch.Tensor:
+    """``ddtree_tree.prefix_stats`` of the tree and SGLang's tree-verify output
+    (``accept_index``: flat rows ``i * D + slot`` of each request's accepted path, root
+    first, -1 after; a slot is a node id): per candidate budget in ``budgets``, summed over
+    the batch, the value of its tree and the drafted tokens it would have accepted;
+    ``[2, candidates]``, the second row zero without ``accept_index``."""
+    path = None
+    if accept_index is not None:
+        bs, d = accept_index.shape
+        rows = accept_index[:, 1:].long()
+        offsets = torch.arange(bs, device=rows.device).unsqueeze(1) * d
+        path = torch.where(rows >= 0, rows - offsets, torch.full_like(rows, -1))
+    return ddtree_tree.prefix_stats(tree.scores, path, budgets)

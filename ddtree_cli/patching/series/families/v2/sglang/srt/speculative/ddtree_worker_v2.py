@@ -43,6 +43,7 @@ from sglang.srt.speculative.ddtree_info_v2 import DDTreeVerifyInputV2
 from sglang.srt.speculative.ddtree_utils import (
     check_ddtree_algorithm,
     draft_topk_logprobs,
+    refuse_budget_auto,
     refuse_hybrid_target,
 )
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
@@ -89,6 +90,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # The DFlash v2 worker's own arguments (they differ between releases): the target
         # worker is always the last one.
         check_ddtree_algorithm(server_args, "DDTreeWorkerV2")
+        refuse_budget_auto(server_args, "on SGLang 0.5.14 and later yet (0.5.13 only)")
         target_worker: TpModelWorker = kwargs.get("target_worker", args[-1] if args else None)
         refuse_hybrid_target(target_worker, server_args)
         super().__init__(server_args, *args, **kwargs)
