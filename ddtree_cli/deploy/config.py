@@ -6,12 +6,14 @@ because a config that is wrong on one of forty hosts must be fixable without gue
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ddtree_cli.budget_policy import BudgetOptionError, budget_options
 from ddtree_cli.errors import ConfigError
 from ddtree_cli.remote.hostspec import HostSpec
 
@@ -210,7 +212,8 @@ class LaunchConfig:
     model_path: str | None = None
     draft_model_path: str | None = None
     num_draft_tokens: int = 16
-    ddtree_budget: int | None = None
+    ddtree_budget: int | str | None = None  # a number of nodes, or "auto"
+    ddtree_max_budget: int | None = None  # with "auto" only
     args: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)  # kind == "command": placeholders allowed
 
@@ -369,10 +372,12 @@ def _load_launch(r: _Reader) -> LaunchConfig:
         model_path=r.get("model_path", str, None),
         draft_model_path=r.get("draft_model_path", str, None),
         num_draft_tokens=r.get("num_draft_tokens", int, 16),
-        ddtree_budget=r.get("ddtree_budget", int, None),
+        ddtree_budget=r.get("ddtree_budget", (int, str), None),
+        ddtree_max_budget=r.get("ddtree_max_budget", int, None),
         args=r.str_list("args"),
         command=r.str_list("command"),
     )
+    launch = _check_budget(r, launch)
     if kind == "sglang" and not (launch.model_path and launch.draft_model_path):
         raise r.error(
             None, "launch.model_path and launch.draft_model_path are required for kind: sglang"
@@ -390,6 +395,26 @@ def _load_launch(r: _Reader) -> LaunchConfig:
             )
     r.finish()
     return launch
+
+
+def _check_budget(r: _Reader, launch: LaunchConfig) -> LaunchConfig:
+    """``ddtree_budget`` (a number of nodes or ``auto``) and ``ddtree_max_budget`` (with
+    ``auto`` only, at least ``num_draft_tokens - 1``), checked as ``ddtree serve`` checks
+    ``--budget``/``--max-budget``; the budget comes back parsed."""
+    for key in ("ddtree_budget", "ddtree_max_budget"):
+        if getattr(launch, key) is not None and launch.algo != "ddtree":
+            raise r.error(key, f"launch.{key} applies to algo: ddtree only")
+    names = {
+        "budget": "launch.ddtree_budget",
+        "max_budget": "launch.ddtree_max_budget",
+        "block_size": "launch.num_draft_tokens",
+    }
+    block = launch.num_draft_tokens if launch.kind == "sglang" else None
+    try:
+        budget = budget_options(launch.ddtree_budget, launch.ddtree_max_budget, block, names)
+    except BudgetOptionError as exc:
+        raise r.error(f"ddtree_{exc.option}", str(exc)) from None
+    return dataclasses.replace(launch, ddtree_budget=budget)
 
 
 def _load_router(r: _Reader) -> RouterConfig:

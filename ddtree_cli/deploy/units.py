@@ -61,8 +61,11 @@ def launch_argv(
             ) from exc
     if launch.kind == "embedded":
         argv = [python, "-m", "ddtree_cli", "serve", "--algo", algo]
-        if algo == "ddtree" and launch.ddtree_budget is not None:
-            argv += ["--budget", str(launch.ddtree_budget)]
+        if algo == "ddtree":
+            if launch.ddtree_budget is not None:
+                argv += ["--budget", str(launch.ddtree_budget)]
+            if launch.ddtree_max_budget is not None:
+                argv += ["--max-budget", str(launch.ddtree_max_budget)]
         return argv + [*launch.args, "--host", cfg.service_host, "--port", port]
     argv = [
         python,
@@ -84,6 +87,8 @@ def launch_argv(
             else launch.num_draft_tokens - 1
         )
         argv += ["--speculative-ddtree-budget", str(budget)]
+        if launch.ddtree_max_budget is not None:
+            argv += ["--speculative-ddtree-max-budget", str(launch.ddtree_max_budget)]
     argv += launch.args
     if node is not None:
         argv += [

@@ -162,6 +162,34 @@ def test_multinode_and_router_rendering():
             4,
             "UUID",
         ),
+        (
+            "name: x\nremote: {python: /p}\nlaunch:\n  kind: embedded\n  ddtree_budget: autox\n",
+            5,
+            "launch.ddtree_budget must be a positive integer or 'auto', got 'autox'",
+        ),
+        (
+            "name: x\nremote: {python: /p}\nlaunch:\n  kind: embedded\n  ddtree_budget: 0\n",
+            5,
+            "launch.ddtree_budget must be at least 1",
+        ),
+        (
+            "name: x\nremote: {python: /p}\nlaunch:\n  kind: embedded\n  ddtree_budget: 15\n"
+            "  ddtree_max_budget: 64\n",
+            6,
+            "launch.ddtree_max_budget applies to launch.ddtree_budget auto only",
+        ),
+        (
+            "name: x\nremote: {python: /p}\nlaunch:\n  kind: sglang\n  model_path: m\n"
+            "  draft_model_path: d\n  ddtree_budget: auto\n  ddtree_max_budget: 8\n",
+            8,
+            "launch.ddtree_max_budget 8 is below launch.num_draft_tokens - 1 (15)",
+        ),
+        (
+            "name: x\nremote: {python: /p}\nlaunch:\n  kind: embedded\n  algo: dflash\n"
+            "  ddtree_budget: auto\n",
+            6,
+            "launch.ddtree_budget applies to algo: ddtree only",
+        ),
     ],
 )
 def test_config_errors_name_file_and_line(tmp_path, text, line, message):
@@ -231,3 +259,34 @@ def test_reading_a_deploy_config_and_an_inventory_loads_no_ssh_library():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_budget_auto_reaches_both_launchers(tmp_path):
+    """``ddtree_budget: auto`` with a maximum becomes SGLang's flags (the 0.5.13 series
+    takes them; newer series refuse auto in one line at start-up) and the embedded
+    engine's; DFLASH gets neither."""
+    text, n = re.subn(
+        r"(?m)^  ddtree_budget: 15\b.*$",
+        "  ddtree_budget: auto\n  ddtree_max_budget: 64",
+        SGLANG_CFG.read_text(),
+    )
+    assert n == 1
+    cfg = load_deploy_config(write(tmp_path, "deploy.yaml", text))
+    host = HostSpec("gpu1")
+    ddtree = launch_argv(cfg, host, "ddtree", "/venv/bin/python")
+    i = ddtree.index("--speculative-ddtree-budget")
+    assert ddtree[i : i + 4] == [
+        "--speculative-ddtree-budget", "auto", "--speculative-ddtree-max-budget", "64"]  # fmt: skip
+    dflash = launch_argv(cfg, host, "dflash", "/venv/bin/python")
+    assert not any(a.startswith("--speculative-ddtree") for a in dflash)
+    embedded = load_deploy_config(
+        write(
+            tmp_path,
+            "embedded.yaml",
+            "name: x\nremote: {python: /p}\nlaunch:\n  kind: embedded\n"
+            "  ddtree_budget: AUTO\n  ddtree_max_budget: 32\n",
+        )
+    )
+    argv = launch_argv(embedded, host, "ddtree", "/p")
+    assert argv[argv.index("--budget") :][:4] == ["--budget", "auto", "--max-budget", "32"]
+    assert "--budget" not in launch_argv(embedded, host, "dflash", "/p")
