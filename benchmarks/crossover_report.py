@@ -3,11 +3,12 @@
     python benchmarks/crossover_report.py RESULTS [--png map.png] [--json cells.json]
 
 RESULTS holds one ``ddtree bench`` folder per phase and concurrency (``A-c1``, ``B-c32``, ...,
-as ``benchmarks/sglang_h200/crossover.py`` writes them); every arm under test (``ddtree-bN``)
-of every folder becomes one cell: its output tok/s over the DFLASH arm of the same bench (the
-ratio and 95 % CI ``ddtree bench`` computed, paired by trial), over plain decoding when the
-bench timed the reference, acceptance and inter-token latency (one streamed chunk per verify
-round) p50 of both. Nothing is recomputed: the figures are the benches' own.
+as ``benchmarks/sglang_h200/crossover.py`` writes them); every arm under test (``ddtree-bN``,
+and ``ddtree-auto`` from ``crossover.py --auto``, a row after the numbers) of every folder
+becomes one cell: its output tok/s over the DFLASH arm of the same bench (the ratio and
+95 % CI ``ddtree bench`` computed, paired by trial), over plain decoding when the bench timed
+the reference, acceptance and inter-token latency (one streamed chunk per verify round) p50
+of both. Nothing is recomputed: the figures are the benches' own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,19 @@ import re
 import sys
 from pathlib import Path
 
-ARM = re.compile(r"^ddtree-b(\d+)$")
+# Arms under test: ``ddtree-bN`` (a fixed budget) and ``ddtree-auto`` (the budget chosen per
+# round, ``crossover.py --auto``), which sorts after every number.
+ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))$")
+
+
+def arm_budget(arm: str) -> int | str:
+    """``ddtree-b64`` -> 64, ``ddtree-auto`` -> ``"auto"``."""
+    number, auto = ARM.match(arm).groups()
+    return int(number) if number is not None else auto
+
+
+def budget_order(budget: int | str) -> tuple:
+    return (1, 0) if budget == "auto" else (0, budget)
 
 
 def cells(results: Path) -> list[dict]:
@@ -31,7 +44,7 @@ def cells(results: Path) -> list[dict]:
                 a: point["comparison"] for a in arms if ARM.match(a)
             }  # one arm under test: the two-arm form
             for arm, comparison in by_arm.items():
-                budget = int(ARM.match(arm).group(1))
+                budget = arm_budget(arm)
                 tok = comparison["output_tok_s"]
                 plain = (point.get("over_reference") or {}).get(arm, {}).get("output_tok_s")
                 dflash_plain = (point.get("over_reference") or {}).get("dflash", {})
@@ -51,7 +64,7 @@ def cells(results: Path) -> list[dict]:
                     "noisy": sorted(a for a in (arm, "dflash") if arms[a].get("noisy")),
                     "confounds": summary["confounds"]["differences"],
                 })  # fmt: skip
-    return sorted(out, key=lambda c: (c["budget"], c["concurrency"]))
+    return sorted(out, key=lambda c: (budget_order(c["budget"]), c["concurrency"]))
 
 
 def _ci(ci: list[float] | None) -> str:
@@ -87,7 +100,7 @@ def heat_map(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.colors import TwoSlopeNorm
 
-    budgets = sorted({c["budget"] for c in rows})
+    budgets = sorted({c["budget"] for c in rows}, key=budget_order)
     concs = sorted({c["concurrency"] for c in rows})
     grid = [[None] * len(concs) for _ in budgets]
     for c in rows:

@@ -17,10 +17,15 @@ means "call again"):
 4. ``agree``: every arm of the scaled pair against the same arm of the small pair
    (``scaled_pair_gpu.py agree``), then the small pair's servers stop;
 5. ``A-cN``: one interleaved ``ddtree bench`` per concurrency: every phase-A DDTREE budget
-   (``ddtree-bN`` arms) against DFLASH, plain timed as the reference, ``--prompts-per``
-   prompts at that concurrency;
+   (``ddtree-bN`` arms; with ``--auto`` also ``ddtree-auto``, a DDTREE server started with
+   ``--speculative-ddtree-budget auto``, 0.5.13 series only, whose policy state from
+   ``/server_info`` is kept as ``A-cN.auto-policy.json``) against DFLASH, plain timed as
+   the reference, ``--prompts-per`` prompts at that concurrency (``--no-agree``: no small
+   pair and no step 4; a budget-auto server that exits at start-up is recorded as
+   ``auto_failed`` in ``progress.json`` and the map goes on without it);
 6. ``profile-ARM-cN``: SGLang's profiler over 20 decode steps of DFLASH and DDTREE at the
-   profile budgets, at each profile concurrency (summaries only; the traces are dropped);
+   profile budgets (and the budget-auto server with ``--auto``), at each profile
+   concurrency (summaries only; the traces are dropped);
 7. phase B: the phase-A DDTREE servers stop, the phase-B budgets start (memory: six 8B-cost
    servers do not fit on one H200 with their KV pools and graphs); ``B-cN`` benches them
    against the same DFLASH server, plain timed again unless ``--no-reference-b``.
@@ -78,12 +83,15 @@ def commands(state: Path, args, ckpt: str, arms: list[tuple], version: str) -> d
             for name, arm, budget, port in arms}  # fmt: skip
 
 
-def servers_for(state: Path, args, budgets: list[int], version: str) -> dict:
+def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool = False) -> dict:
     """One phase: the scaled pair's plain, DFLASH and one DDTREE server per budget on base,
-    base + 1, base + 2 + slot (a budget keeps its slot in both phases)."""
+    base + 1, base + 2 + slot (a budget keeps its slot in both phases); with ``auto`` also a
+    DDTREE server with ``--speculative-ddtree-budget auto`` (``ddtree-nauto``) after them."""
     every = args.budgets_a + args.budgets_b
     arms = [("plain", "plain", None, args.base), ("dflash", "dflash", None, args.base + 1)]
     arms += [(f"ddtree-n{b}", "ddtree", b, args.base + 2 + every.index(b)) for b in budgets]
+    if auto:
+        arms.append(("ddtree-nauto", "ddtree", "auto", args.base + 2 + len(every)))
     return commands(state, args, args.ckpt, arms, version)
 
 
@@ -104,14 +112,17 @@ def stop(v: run.Validation, names) -> None:
 def bench_step(v: run.Validation, step: str, servers: dict, budgets: list[int],
                concurrency: int, reference: bool) -> int:  # fmt: skip
     """One interleaved ``ddtree bench`` at one concurrency: every DDTREE budget of the phase
-    against DFLASH (plain timed as the reference when ``reference``), through the confound
-    guard as ``run.guarded_bench`` runs it. 124: cut at the call's end."""
+    (and ``ddtree-auto`` when the phase has that server) against DFLASH (plain timed as the
+    reference when ``reference``), through the confound guard as ``run.guarded_bench`` runs
+    it. 124: cut at the call's end."""
     args, state = v.args, v.state
     count = prompts_at(concurrency, args.prompts_per, args.prompts_floor)
     rows = run.load_rows(state, args.prompt_file, count, 64, args.vocab, seed=2)
     dataset = run.write_rows(v.results / f"prompts-c{concurrency}.jsonl", rows)
     output = v.results / step
     urls = [f"ddtree-b{b}=http://127.0.0.1:{servers[f'ddtree-n{b}'][0]}" for b in budgets]
+    if "ddtree-nauto" in servers:
+        urls.append(f"ddtree-auto=http://127.0.0.1:{servers['ddtree-nauto'][0]}")
     cmd = [sys.executable, "-m", "ddtree_cli", "bench", "--algo", "ddtree", "--baseline", "dflash",
            *[x for u in urls for x in ("--url", u)],
            "--url", f"dflash=http://127.0.0.1:{servers['dflash'][0]}",
@@ -157,11 +168,45 @@ def profile_step(v: run.Validation, name: str, port: int, concurrency: int) -> d
     return {"kernel_us": kernels.get("total_us"), "kernels": kernels.get("events")}
 
 
+def healthy_but_auto(v: run.Validation, phase_a: dict, small: dict) -> bool:
+    """``run.servers_healthy`` over phase A and the small pair, except that the budget-auto
+    server exiting does not end the map: its log's end goes to ``progress.json``
+    (``auto_failed``), it leaves ``phase_a`` and the others are waited for."""
+    while True:
+        try:
+            return run.servers_healthy(v, {**phase_a, **small}, margin=20)
+        except run.ServerExited as exc:
+            pidfile = v.state / "ddtree-nauto.pid"
+            if "ddtree-nauto" not in phase_a or run.alive(int(pidfile.read_text())):
+                raise
+            v.progress["auto_failed"] = str(exc)
+            v.save()
+            print(json.dumps({"auto_failed": str(exc)[-1500:]}), flush=True)
+            phase_a.pop("ddtree-nauto")
+
+
+def auto_policy(port: int) -> dict:
+    """The budget-auto server's policy state from ``/server_info`` (the budget per batch
+    bucket, round times, calibration), or what the server answered instead."""
+    try:
+        status, info = run.http(f"http://127.0.0.1:{port}/server_info", timeout=30)
+    except OSError as exc:
+        return {"error": str(exc)}
+    if status == 200 and isinstance(info, dict):
+        states = info.get("internal_states") or [{}]
+        policy = states[0].get("speculative_ddtree_budget_policy")
+        if policy is not None:
+            return policy
+    return {"error": f"no speculative_ddtree_budget_policy in /server_info ({status})",
+            "body": str(info)[:2000]}  # fmt: skip
+
+
 def plan(args) -> list[str]:
-    steps = ["scale", "servers-a", "agree"]
+    steps = ["scale", "servers-a"] + ([] if args.no_agree else ["agree"])
     steps += [f"A-c{c}" for c in args.concurrency]
-    steps += [f"profile-{n}-c{c}" for c in args.profile_concurrency
-              for n in ["dflash", *[f"ddtree-n{b}" for b in args.profile_budgets]]]  # fmt: skip
+    profiled = ["dflash", *[f"ddtree-n{b}" for b in args.profile_budgets]]
+    profiled += ["ddtree-nauto"] if args.auto else []
+    steps += [f"profile-{n}-c{c}" for c in args.profile_concurrency for n in profiled]
     if args.budgets_b:
         steps += ["servers-b"] + [f"B-c{c}" for c in args.concurrency]
     return steps
@@ -188,9 +233,11 @@ def crossover(v: run.Validation) -> int:
     c = run.contents(state)
     if args.prompt_file is None and "heldout" in c.get("prompts", []):
         args.prompt_file = "heldout"
-    phase_a = servers_for(state, args, args.budgets_a, c["sglang"])
+    phase_a = servers_for(state, args, args.budgets_a, c["sglang"], auto=args.auto)
     phase_b = servers_for(state, args, args.budgets_b, c["sglang"])
-    small = small_servers(state, args, c["sglang"])
+    small = {} if args.no_agree else small_servers(state, args, c["sglang"])
+    if v.progress.get("auto_failed"):  # it exited at start-up in an earlier call
+        phase_a.pop("ddtree-nauto", None)
     v.write("servers.json", {n: {"port": p, "cmd": cmd}
                              for n, (p, cmd) in {**phase_a, **phase_b, **small}.items()})  # fmt: skip
     todo = [s for s in plan(args) if not v.done(s)]
@@ -204,7 +251,7 @@ def crossover(v: run.Validation) -> int:
                 v.record(step, built=False, ckpt=args.ckpt)
         elif step == "servers-a":
             run.start_servers(v, {**phase_a, **small})
-            if not run.servers_healthy(v, {**phase_a, **small}, margin=20):
+            if not healthy_but_auto(v, phase_a, small):
                 return v.finish("incomplete: servers still starting (left running)", 3, todo)
             started = v.progress["started"]
             v.record(step, after_s={n: round(time.time() - started[n], 1)
@@ -223,9 +270,14 @@ def crossover(v: run.Validation) -> int:
             if code == 124:
                 return v.finish(f"incomplete: {step} cut at the call's end; call again", 3, todo)
             v.record(step, returncode=code, seconds=round(time.monotonic() - began, 1))
+            if "ddtree-nauto" in servers:
+                v.write(f"{step}.auto-policy.json", auto_policy(servers["ddtree-nauto"][0]))
         elif step.startswith("profile-"):
             name, conc = step.removeprefix("profile-").rsplit("-c", 1)
-            v.record(step, **profile_step(v, name, phase_a[name][0], int(conc)))
+            if name in phase_a:
+                v.record(step, **profile_step(v, name, phase_a[name][0], int(conc)))
+            else:  # the budget-auto server exited at start-up
+                v.record(step, skipped="auto_failed")
         elif step == "servers-b":
             stop(v, [n for n in phase_a if n.startswith("ddtree")] + list(small))
             run.start_servers(v, phase_b)
@@ -249,6 +301,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client", help="folder holding ddtree_cli (default: the bundle's)")
     p.add_argument("--budgets-a", type=_ints, default=[64, 15, 32])
     p.add_argument("--budgets-b", type=_ints, default=[128])
+    p.add_argument(
+        "--auto",
+        action="store_true",
+        help="phase A also benches a DDTREE server with --speculative-ddtree-budget "
+        "auto (arm ddtree-auto; SGLang 0.5.13 only)",
+    )
+    p.add_argument(
+        "--no-agree",
+        action="store_true",
+        help="no small-pair servers and no agree step (agreement measured before)",
+    )
     p.add_argument("--concurrency", type=_ints, default=[1, 8, 16, 32, 4, 2])
     p.add_argument("--profile-concurrency", type=_ints, default=[1, 16])
     p.add_argument("--profile-budgets", type=_ints, default=[15, 64])

@@ -42,6 +42,30 @@ def test_every_arm_of_every_bench_is_one_cell_with_the_benchs_own_figures():
     assert json.loads((RESULTS / "cells.json").read_text()) == rows
 
 
+def test_an_auto_arm_is_a_row_after_the_numbered_budgets(tmp_path):
+    """``crossover.py --auto`` adds an arm ``ddtree-auto`` (not yet run on a GPU). Its
+    fixture is the real phase-A bench at concurrency 8 with its ``ddtree-b32`` arm renamed
+    ``ddtree-auto`` in every place the bench names it: the figures are that bench's own, the
+    name is what the report must read."""
+    import shutil
+
+    report = _report()
+    source = RESULTS / "A-c8"
+    shutil.copytree(source, tmp_path / "A-c8")
+    summary_file = tmp_path / "A-c8" / "summary.json"
+    text = summary_file.read_text()
+    assert '"ddtree-b32"' in text
+    summary_file.write_text(text.replace('"ddtree-b32"', '"ddtree-auto"'))
+    rows = report.cells(tmp_path)
+    assert [c["budget"] for c in rows] == [15, 64, "auto"]  # numbers first, auto last
+    (point,) = json.loads((source / "summary.json").read_text())["sweep"]
+    assert rows[-1]["ratio"] == point["comparisons"]["ddtree-b32"]["output_tok_s"]["ratio"]
+    assert "| auto | 8 |" in report.table(rows)
+    pytest.importorskip("matplotlib")
+    report.heat_map(rows, tmp_path / "map.png", "auto")
+    assert (tmp_path / "map.png").stat().st_size > 0
+
+
 def test_the_table_marks_ratios_whose_ci_excludes_one(tmp_path):
     report = _report()
     rows = report.cells(RESULTS)

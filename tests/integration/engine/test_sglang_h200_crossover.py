@@ -54,13 +54,13 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
 
 def test_the_map_runs_over_calls_and_resumes(tmp_path):
     pieces = standin_bundle(tmp_path, version="0.5.13")
-    base, small = free_base(6), free_base(3)
+    base, small = free_base(7), free_base(3)
     out = tmp_path / "out"
     flags = ["--out", str(out), "--ckpt", "trained", "--base", str(base), "--small-base",
              str(small), "--budgets-a", "8,4", "--budgets-b", "2", "--concurrency", "1,2",
              "--profile-concurrency", "", "--prompts-floor", "5", "--trials", "3",
              "--max-new", "8", "--agree-prompts", "4", "--agree-new", "8",
-             "--client", str(REPO)]  # fmt: skip
+             "--client", str(REPO), "--auto"]  # fmt: skip
     state = tmp_path / "state"
     try:
         proc = _run(tmp_path, "--pieces", str(pieces), "--until", "1", *flags)
@@ -80,18 +80,24 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
         agree = json.loads((results / "agree.json").read_text())
         assert {a: r["identical"] for a, r in agree["arms"].items()} == {
             "plain": 4, "dflash": 4, "ddtree": 4}  # fmt: skip
-        for step, arms in (("A-c1", {"ddtree-b8", "ddtree-b4", "dflash", "reference"}),
-                           ("A-c2", {"ddtree-b8", "ddtree-b4", "dflash", "reference"}),
+        phase_a = {"ddtree-b8", "ddtree-b4", "ddtree-auto", "dflash", "reference"}
+        for step, arms in (("A-c1", phase_a), ("A-c2", phase_a),
                            ("B-c1", {"ddtree-b2", "dflash", "reference"})):  # fmt: skip
             summary = json.loads((results / step / "summary.json").read_text())
             assert summary["lossless"]["mismatches"] == [] and summary["lossless"]["compared"]
             assert set(summary["sweep"][0]["arms"]) == arms, step
+        # The budget-auto server's policy state after each phase-A bench, from /server_info:
+        # after the c2 bench it has timed rounds in a bucket above 1.
+        for step in ("A-c1", "A-c2"):
+            policy = json.loads((results / f"{step}.auto-policy.json").read_text())
+            assert policy["candidates"] == [15, 32, 64] and policy["rounds"] > 0, policy
+        assert set(policy["buckets"]) >= {"1", "2"}, policy
         # 5 prompts per request in flight, at least 5 (--prompts-floor).
         assert (
             json.loads((results / "A-c2" / "summary.json").read_text())["config"]["num_prompts"]
             == 10
         )
-        # Phase B stopped phase A's DDTREE servers and the small pair's.
+        # Phase B stopped phase A's DDTREE servers (budget auto's too) and the small pair's.
         assert sorted(p.stem for p in state.glob("*.pid")) == ["ddtree-n2", "dflash", "plain"]
         # Called again, it redoes nothing.
         proc = _run(tmp_path, *flags)
