@@ -17,6 +17,7 @@ import json
 import sys
 import types
 import warnings
+from pathlib import Path
 
 warnings.filterwarnings("ignore")
 ROOT, LAYOUT, MODELS = sys.argv[1:4]
@@ -297,6 +298,28 @@ else:
         return {"got": got, "want": [want_values, want_accepted], "no_walk": probe_only}
 
     out["tree_stats"] = [tree_stats_case(seed) for seed in (0, 1, 2)]
+
+    # the round timing /server_info shows, and what the worker hands the scheduler's
+    # get_internal_state (with and without a policy)
+    from sglang.srt.speculative import ddtree_budget_policy  # noqa: E402
+    from sglang.srt.speculative.ddtree_round_timing import RoundTiming  # noqa: E402
+
+    timing = RoundTiming(window=2)
+    for i, (bucket, width) in enumerate([(1, 65), (1, 65), (1, 65), (16, 16)]):
+        start = 10.0 + i * 0.012  # rounds 12 ms apart, each 10 ms long
+        timing.record(bucket, width, start=start, end=start + 0.010, build=0.001 * (i + 1))
+    timing.record(1, 65, start=20.0, end=20.010, build=0.001, policy=0.0005)  # after idle
+    worker = object.__new__(TreeWorker)
+    worker.round_timing, worker.policy = timing, None
+    fixed_state = sorted(worker.ddtree_internal_state())
+    worker.policy = ddtree_budget_policy.BudgetPolicy((15, 32, 64))
+    out["round_timing"] = {
+        "snapshot": timing.snapshot(),
+        "fixed_state": fixed_state,
+        "auto_state": sorted(worker.ddtree_internal_state()),
+        "scheduler_reads_it": "ddtree_internal_state"
+        in Path(ROOT, "sglang/srt/managers/scheduler.py").read_text(encoding="utf-8"),
+    }
 
 out["tree_worker_with_dflash"] = error_of(
     lambda: construct(TreeWorker, server_args(**{**base, "speculative_algorithm": "DFLASH"}))
@@ -956,6 +979,40 @@ out["draft_head"] = {
     # an added vocabulary: two parts, merged
     "added_vocab": draft_head_case(40, 48, 6, 48, k=8, chunk_size=16),
 }
+
+# --- the v1 worker's start-up warm-up of the round's eager part (head, tree, verify
+# inputs, auto's statistics) per budget and batch size, here on CPU with a stand-in head
+if not V2:
+    from sglang.srt.speculative import ddtree_budget_policy as _policy  # noqa: E402
+
+    def warm_case(budget, capture_bs, auto):
+        head = types.SimpleNamespace(
+            weight=torch.randn(50, 16, generator=gen),
+            shard_indices=types.SimpleNamespace(
+                num_org_elements=50, num_org_elements_padded=50, num_added_elements=0,
+                org_vocab_start_index=0, added_vocab_start_index=50,
+            ),
+        )  # fmt: skip
+        worker = object.__new__(TreeWorker)
+        runner = types.SimpleNamespace(
+            model=types.SimpleNamespace(lm_head=head), device="cpu",
+            graph_runner=types.SimpleNamespace(capture_bs=capture_bs) if capture_bs else None,
+        )  # fmt: skip
+        worker.target_worker = types.SimpleNamespace(model_runner=runner)
+        worker.block_size, worker.budget, worker.tp_rank = 16, budget, 0
+        worker.policy = _policy.BudgetPolicy(_policy.candidate_budgets(16)) if auto else None
+        if auto:
+            bs_ = worker.policy.budgets
+            worker._candidates = {b: torch.tensor([c for c in bs_ if c <= b]) for b in bs_}
+        try:
+            return [list(x) for x in worker._warm_eager_kernels(None)]
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    out["warm"] = {
+        "fixed": warm_case(15, None, False),
+        "auto": warm_case(64, [1, 2, 4], True),
+    }
 
 # --- request validation (a stand-in request: validation reads two attributes)
 from sglang.srt.speculative.ddtree_utils import validate_ddtree_request  # noqa: E402

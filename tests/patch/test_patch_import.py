@@ -294,6 +294,42 @@ def test_budget_auto_statistics_match_each_candidates_own_tree(probe):
     assert any(c["want"][1][0] < c["want"][1][2] for c in facts["tree_stats"])  # not vacuous
 
 
+@pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)
+def test_round_timing_in_server_info(probe):
+    """Every DDTREE server's /server_info has its round timing (per batch bucket and
+    width: the scheduler's gap, the forward, the tree build, the policy's work), under
+    auto next to the policy's state; a gap over a second is idle time, not a round's."""
+    _, facts = probe
+    rt = facts["round_timing"]
+    assert rt["scheduler_reads_it"]
+    assert rt["fixed_state"] == ["speculative_ddtree_round_timing"]
+    assert rt["auto_state"] == [
+        "speculative_ddtree_budget_policy",
+        "speculative_ddtree_round_timing",
+    ]
+    snap = rt["snapshot"]
+    assert snap["window"] == 2 and sorted(snap["buckets"]) == ["1", "16"]
+    one = snap["buckets"]["1"]["65"]
+    assert one["rounds"] == 4
+    # window 2: the last two rounds of (1, 65), the third (build 3 ms) and the one after idle
+    assert one["forward_ms"]["p50"] == pytest.approx(10.0)
+    assert one["build_ms"] == {"p50": 1.0, "p90": 3.0, "mean": 2.0, "max": 3.0}
+    assert one["policy_ms"]["max"] == pytest.approx(0.5)
+    assert one["gap_ms"]["max"] == pytest.approx(2.0)  # the 10 s idle gap was not kept
+    wide = snap["buckets"]["16"]["16"]
+    assert wide["rounds"] == 1 and wide["gap_ms"]["p50"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)
+def test_start_up_warms_every_budget_at_every_graph_batch_size(probe):
+    """The v1 worker runs the round's eager part once per budget it verifies at and per
+    batch size its CUDA graphs cover (1, 2 and 16 without graphs), before serving: a fixed
+    budget its own, auto every candidate."""
+    _, facts = probe
+    assert facts["warm"]["fixed"] == [[1, 15], [2, 15], [16, 15]]
+    assert facts["warm"]["auto"] == [[bs, b] for bs in (1, 2, 4) for b in (15, 32, 64)]
+
+
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True)
 def test_each_runner_gets_its_width_v2(probe):
     """v2, with the resolved arguments published: the target runner is sized (graphs,

@@ -16,21 +16,29 @@ for the largest candidate (``speculative_num_draft_tokens = max budget + 1``: th
 reservation, the attention buffers, the widest verify graphs); this worker captures one
 more set of target-verify CUDA graphs per smaller candidate width, sharing the widest's
 attention buffers, and before each verify selects the runner and the triton backend's
-verify width for the round's budget. The draft head's top-K is taken at the largest
-budget, which is exact for every smaller one. Observed rounds (the policy's exploration,
+verify width for the round's budget. The draft head's top-K is taken at the round's budget
+(at the largest on probe rounds, which read every candidate's tree value), exact for its
+tree. Observed rounds (the policy's exploration,
 re-timing and probe rounds, and one in ``OBSERVE_EVERY`` of the others) are timed with CUDA
 events read a round or more later, when a verify's host synchronisation has already passed
 them; their tree's value and accepted counts per candidate are computed on the device and
 copied to pinned memory without a synchronisation.
 
+Every DDTREE server (fixed budget or auto) times its rounds on the host
+(``ddtree_round_timing.py``, in ``/server_info``) and, at start-up, runs the round's eager
+part once per budget and CUDA-graph batch size so that its Triton kernels compile before the
+first request.
+
 Run on an H200 (0.5.13, the 8B-cost pair; docs/performance.md): lossless, the budget follows
 the batch, but every round was observed then and auto's rounds were 3-16 % slower than the
-fixed budget it chose; one observed round in four is newer than that run.
+fixed budget it chose. Newer than that run, not yet run on a GPU: one observed round in
+four, K = the round's budget, the round timing and the start-up warm-up.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -42,6 +50,7 @@ from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
 from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput
+from sglang.srt.speculative.ddtree_round_timing import RoundTiming
 from sglang.srt.speculative.ddtree_utils import (
     check_ddtree_algorithm,
     draft_topk_logprobs,
@@ -119,18 +128,21 @@ class DDTreeWorker(DFlashWorker):
             self.budget = int(server_args.speculative_ddtree_budget)
         self.verify_width = self.budget + 1
         # Ranks beyond the budget can never enter the tree (a rank-r node needs r
-        # better siblings), so K = budget keeps the tree exact, and K = the largest
-        # candidate keeps every smaller candidate's tree exact too. The tree is at most
-        # block_size - 1 deep (the drafted positions), whatever the budget.
-        self.topk = self.budget
+        # better siblings), so K = the round's budget keeps its tree exact; a probe
+        # round (auto) takes K = the largest candidate, exact for every smaller one. The
+        # tree is at most block_size - 1 deep (the drafted positions), whatever the budget.
+        self.topk = self.budget  # the largest K a round takes
         self.round_budget = self.budget  # the latest round's (under auto, its choice)
         self._round: Optional[_Round] = None
         self._pending: Optional[_Round] = None
+        self.round_timing = RoundTiming()
+        self._build_s = 0.0  # the latest round's _build_verify_input, host seconds
         if self.policy is not None:
             self._init_budget_auto()
+        self._warm_eager_kernels(get_tp_group())
         if self.tp_rank == 0:
             logger.info(
-                "DDTREE worker ready. budget=%s, top_k=%d, draft block_size=%d, "
+                "DDTREE worker ready. budget=%s, top_k<=%d, draft block_size=%d, "
                 "verify width=%d%s",
                 server_args.speculative_ddtree_budget,
                 self.topk,
@@ -190,6 +202,57 @@ class DDTreeWorker(DFlashWorker):
             backend.num_draft_tokens = self.verify_width
         runner.graph_runner = widest
 
+    def _warm_eager_kernels(self, tp_group) -> list:
+        """Run the round's eager part (draft head, tree, verify inputs and, under auto, the
+        tree statistics) once per budget this server verifies at and per batch size its
+        CUDA graphs cover, on dummy inputs, so that the Triton kernels compile (or load
+        from the cache) and cuBLAS picks its head kernels at start-up rather than in the
+        first rounds at a new budget or batch size, where a request would wait for them.
+        The verify and draft graphs themselves were run when they were captured. Every
+        rank runs the same calls (the head's tensor-parallel merge is collective). Returns
+        the (batch size, budget) pairs run."""
+        runner = self.target_worker.model_runner
+        lm_head = getattr(runner.model, "lm_head", None)
+        if lm_head is None or not hasattr(lm_head, "weight"):
+            return []
+        graphs = runner.graph_runner
+        sizes = sorted(set(getattr(graphs, "capture_bs", None) or [1, 2, 16]))
+        budgets = self.policy.budgets if self.policy is not None else (self.budget,)
+        started = time.perf_counter()
+        warmed = []
+        n_pos = self.block_size - 1
+        hidden = lm_head.weight.shape[1]
+        with torch.inference_mode():
+            for bs in sizes:
+                draft_hidden = torch.zeros(
+                    (bs, n_pos, hidden), dtype=lm_head.weight.dtype, device=runner.device
+                )
+                prefix = torch.full((bs,), 8, dtype=torch.int64, device=runner.device)
+                prefix_cpu = torch.full((bs,), 8, dtype=torch.int64)
+                root = torch.zeros((bs,), dtype=torch.int64, device=runner.device)
+                for budget in budgets:
+                    logprobs, ids = draft_topk_logprobs(draft_hidden, lm_head, budget, tp_group)
+                    tree = ddtree_tree.build_tree_from_topk(logprobs, ids, budget)
+                    DDTreeVerifyInput.from_tree(
+                        tree, root_tokens=root, prefix_lens=prefix, prefix_lens_cpu=prefix_cpu
+                    )
+                    if self.policy is not None:
+                        accept = torch.full(
+                            (bs, budget + 1), -1, dtype=torch.int32, device=runner.device
+                        )
+                        _tree_stats(tree, accept, self._candidates[budget])
+                    warmed.append((bs, budget))
+        if torch.device(runner.device).type == "cuda":
+            torch.cuda.synchronize(runner.device)
+        if self.tp_rank == 0:
+            logger.info(
+                "DDTREE eager kernels warmed: budgets %s x batch sizes %s in %.1f s",
+                list(budgets),
+                sizes,
+                time.perf_counter() - started,
+            )
+        return warmed
+
     OBSERVE_EVERY = 4  # under auto: rounds per observed round, besides the policy's own
 
     def _use_width(self, width: int) -> None:
@@ -201,13 +264,29 @@ class DDTreeWorker(DFlashWorker):
             runner.graph_runner = self._graph_runners[width]
 
     def forward_batch_generation(self, batch: ScheduleBatch, **kwargs):
-        if (
-            self.policy is None
-            or batch.forward_mode.is_extend()
-            or batch.forward_mode.is_idle()
-        ):
+        if batch.forward_mode.is_extend() or batch.forward_mode.is_idle():
             return super().forward_batch_generation(batch, **kwargs)
+        start = time.perf_counter()
+        self._build_s = 0.0
         bs = batch.batch_size()
+        if self.policy is None:
+            result, policy_s = super().forward_batch_generation(batch, **kwargs), 0.0
+        else:
+            result, policy_s = self._forward_auto(batch, bs, **kwargs)
+        self.round_timing.record(
+            ddtree_budget_policy.batch_bucket(bs),
+            self.round_budget + 1,
+            start=start,
+            end=time.perf_counter(),
+            build=self._build_s,
+            policy=policy_s,
+        )
+        return result
+
+    def _forward_auto(self, batch: ScheduleBatch, bs: int, **kwargs):
+        """A decode round under budget auto: (the result, host seconds of the policy's own
+        work: plan, statistics, observation)."""
+        t0 = time.perf_counter()
         plan = self.policy.plan(bs)
         self._planned += 1
         # Exploration, re-timing and probe rounds (plan.probe) are always observed, the
@@ -219,10 +298,12 @@ class DDTreeWorker(DFlashWorker):
         if observed:
             current.start.record()
         self._round = current
+        policy_s = time.perf_counter() - t0
         try:
             result = super().forward_batch_generation(batch, **kwargs)
         finally:
             self._round = None
+        t0 = time.perf_counter()
         if observed:
             current.end.record()
         # This round's verify synchronised the host with the device, so the last observed
@@ -238,7 +319,7 @@ class DDTreeWorker(DFlashWorker):
             current.stats = self._host_stats[current.parity][current.plan.budget]
             current.stats.copy_(stats, non_blocking=True)
             self._pending = current
-        return result
+        return result, policy_s + time.perf_counter() - t0
 
     def _observe(self, done: Optional["_Round"]) -> None:
         if done is None or not done.end.query():
@@ -256,10 +337,14 @@ class DDTreeWorker(DFlashWorker):
             probe=done.probe.tolist() if done.probe is not None else None,
         )
 
-    def budget_policy_snapshot(self) -> Optional[dict]:
-        """The policy's state (budget per batch bucket, round times, ...), or None; the
-        scheduler's ``get_internal_state`` puts it in ``/server_info``."""
-        return self.policy.snapshot() if self.policy is not None else None
+    def ddtree_internal_state(self) -> dict:
+        """What the scheduler's ``get_internal_state`` adds to ``/server_info``: the round
+        timing (``ddtree_round_timing.py``) and, under budget auto, the policy's state
+        (budget per batch bucket, round times, calibration, recent changes)."""
+        state = {"speculative_ddtree_round_timing": self.round_timing.snapshot()}
+        if self.policy is not None:
+            state["speculative_ddtree_budget_policy"] = self.policy.snapshot()
+        return state
 
     @property
     def speculative_num_draft_tokens(self) -> int:
@@ -281,12 +366,14 @@ class DDTreeWorker(DFlashWorker):
         block_ids: torch.Tensor,
         positions_2d: torch.Tensor,
     ) -> DDTreeVerifyInput:
-        logprobs, ids = draft_topk_logprobs(
-            draft_hidden[:, 1:, :], lm_head, self.topk, get_tp_group()
-        )
+        t0 = time.perf_counter()
         current = self._round
         budget = self.budget if current is None else current.plan.budget
+        probe = current is not None and current.plan.probe and budget < self.budget
         self.round_budget = budget
+        logprobs, ids = draft_topk_logprobs(
+            draft_hidden[:, 1:, :], lm_head, self.budget if probe else budget, get_tp_group()
+        )
         tree = ddtree_tree.build_tree_from_topk(logprobs, ids, budget)
         verify_input = DDTreeVerifyInput.from_tree(
             tree,
@@ -295,7 +382,7 @@ class DDTreeWorker(DFlashWorker):
             prefix_lens_cpu=batch.seq_lens_cpu,
         )
         if current is not None:
-            if current.plan.probe and budget < self.policy.max_budget:
+            if probe:
                 # Every candidate's value from one tree at the largest budget (the
                 # best-first tree is a prefix order); its time is not the round's.
                 current.probe_start = torch.cuda.Event(enable_timing=True)
@@ -308,6 +395,7 @@ class DDTreeWorker(DFlashWorker):
                 current.probe_end.record()
             current.tree, current.verify_input = tree, verify_input
             self._use_width(budget + 1)
+        self._build_s = time.perf_counter() - t0
         return verify_input
 
     def _update_target_mamba_state_after_verify(

@@ -1,0 +1,86 @@
+"""Host-side timing of a DDTREE server's decode rounds, for ``/server_info``.
+
+Where a round's time goes, per batch bucket (the power of two at or above the batch) and
+verify width, over the last ``window`` rounds of each: ``gap`` (from the end of the previous
+decode round to the start of this one: the scheduler's work between rounds; gaps over a
+second are idle time and not kept), ``forward`` (the worker's whole decode step: draft,
+tree, verify and commit, including its waits for the device), ``build`` (the draft head's
+top-K, the tree and the verify inputs: launches only, the host does not wait there) and
+``policy`` (budget auto's plan, tree statistics and observation; 0 for a fixed budget).
+Each as p50, p90, mean and max in milliseconds. A fixed budget and ``auto`` report the same
+fields, so a round of ``auto`` can be set against the fixed budget it chose, phase by phase.
+
+Recording costs a few ``perf_counter`` calls and deque appends per round.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Deque, Dict, Optional
+
+PHASES = ("gap", "forward", "build", "policy")
+IDLE_GAP_S = 1.0  # a longer gap between decode rounds is idle time, not scheduler work
+
+
+class RoundTiming:
+    def __init__(self, window: int = 512):
+        if window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        self.window = window
+        self._lock = threading.Lock()
+        self._cells: Dict[tuple, Dict[str, Deque[float]]] = {}
+        self._rounds: Dict[tuple, int] = {}
+        self._last_end: Optional[float] = None
+
+    def record(
+        self,
+        bucket: int,
+        width: int,
+        *,
+        start: float,
+        end: float,
+        build: float,
+        policy: float = 0.0,
+    ) -> None:
+        """One decode round: ``start``/``end`` from ``time.perf_counter()``, ``build`` and
+        ``policy`` in seconds."""
+        gap = None if self._last_end is None else start - self._last_end
+        self._last_end = end
+        key = (int(bucket), int(width))
+        with self._lock:
+            cell = self._cells.get(key)
+            if cell is None:
+                cell = {p: deque(maxlen=self.window) for p in PHASES}
+                self._cells[key] = cell
+            self._rounds[key] = self._rounds.get(key, 0) + 1
+            if gap is not None and 0 <= gap <= IDLE_GAP_S:
+                cell["gap"].append(gap * 1e3)
+            cell["forward"].append((end - start) * 1e3)
+            cell["build"].append(build * 1e3)
+            cell["policy"].append(policy * 1e3)
+
+    def snapshot(self) -> dict:
+        """``{"window": N, "buckets": {bucket: {width: {"rounds": n, "<phase>_ms": {...}}}}}``
+        (keys as strings, for JSON)."""
+        with self._lock:
+            buckets: Dict[str, Dict[str, dict]] = {}
+            for (bucket, width), cell in sorted(self._cells.items()):
+                entry = {"rounds": self._rounds[(bucket, width)]}
+                for phase in PHASES:
+                    entry[f"{phase}_ms"] = _summary(cell[phase])
+                buckets.setdefault(str(bucket), {})[str(width)] = entry
+            return {"window": self.window, "buckets": buckets}
+
+
+def _summary(samples) -> Optional[dict]:
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    n = len(ordered)
+    return {
+        "p50": round(ordered[(n - 1) // 2], 4),
+        "p90": round(ordered[min(n - 1, (9 * n) // 10)], 4),
+        "mean": round(sum(ordered) / n, 4),
+        "max": round(ordered[-1], 4),
+    }
