@@ -19,7 +19,8 @@ means "call again"):
 5. ``A-cN``: one interleaved ``ddtree bench`` per concurrency: every phase-A DDTREE budget
    (``ddtree-bN`` arms; with ``--auto`` also ``ddtree-auto``, a DDTREE server started with
    ``--speculative-ddtree-budget auto``, 0.5.13 series only, whose policy state from
-   ``/server_info`` is kept as ``A-cN.auto-policy.json``) against DFLASH, plain timed as
+   ``/server_info`` is kept as ``A-cN.auto-policy.json``; every DDTREE server's round
+   timing, the same way, as ``A-cN.round-timing.json``) against DFLASH, plain timed as
    the reference, ``--prompts-per`` prompts at that concurrency (``--no-agree``: no small
    pair and no step 4; a budget-auto server that exits at start-up is recorded as
    ``auto_failed`` in ``progress.json`` and the map goes on without it);
@@ -185,20 +186,21 @@ def healthy_but_auto(v: run.Validation, phase_a: dict, small: dict) -> bool:
             phase_a.pop("ddtree-nauto")
 
 
-def auto_policy(port: int) -> dict:
-    """The budget-auto server's policy state from ``/server_info`` (the budget per batch
-    bucket, round times, calibration), or what the server answered instead."""
+def internal_state(port: int, key: str) -> dict:
+    """One DDTREE entry of a server's ``/server_info`` internal state (``key``:
+    ``speculative_ddtree_budget_policy``, the budget-auto policy's budget per batch bucket,
+    round times and calibration; ``speculative_ddtree_round_timing``, where every DDTREE
+    server's rounds spend their host time), or what the server answered instead."""
     try:
         status, info = run.http(f"http://127.0.0.1:{port}/server_info", timeout=30)
     except OSError as exc:
         return {"error": str(exc)}
     if status == 200 and isinstance(info, dict):
         states = info.get("internal_states") or [{}]
-        policy = states[0].get("speculative_ddtree_budget_policy")
-        if policy is not None:
-            return policy
-    return {"error": f"no speculative_ddtree_budget_policy in /server_info ({status})",
-            "body": str(info)[:2000]}  # fmt: skip
+        value = states[0].get(key)
+        if value is not None:
+            return value
+    return {"error": f"no {key} in /server_info ({status})", "body": str(info)[:2000]}
 
 
 def plan(args) -> list[str]:
@@ -271,7 +273,12 @@ def crossover(v: run.Validation) -> int:
                 return v.finish(f"incomplete: {step} cut at the call's end; call again", 3, todo)
             v.record(step, returncode=code, seconds=round(time.monotonic() - began, 1))
             if "ddtree-nauto" in servers:
-                v.write(f"{step}.auto-policy.json", auto_policy(servers["ddtree-nauto"][0]))
+                policy = internal_state(servers["ddtree-nauto"][0],
+                                        "speculative_ddtree_budget_policy")  # fmt: skip
+                v.write(f"{step}.auto-policy.json", policy)
+            timing = {n: internal_state(port, "speculative_ddtree_round_timing")
+                      for n, (port, _) in servers.items() if n.startswith("ddtree")}  # fmt: skip
+            v.write(f"{step}.round-timing.json", timing)
         elif step.startswith("profile-"):
             name, conc = step.removeprefix("profile-").rsplit("-c", 1)
             if name in phase_a:

@@ -92,6 +92,11 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
             policy = json.loads((results / f"{step}.auto-policy.json").read_text())
             assert policy["candidates"] == [15, 32, 64] and policy["rounds"] > 0, policy
         assert set(policy["buckets"]) >= {"1", "2"}, policy
+        # Every DDTREE server's round timing, asked for after each bench (the embedded
+        # engine's servers have none: the answer says so instead of failing the map).
+        timing = json.loads((results / "A-c1.round-timing.json").read_text())
+        assert set(timing) == {"ddtree-n8", "ddtree-n4", "ddtree-nauto"}
+        assert all("no speculative_ddtree_round_timing" in t["error"] for t in timing.values())
         # 5 prompts per request in flight, at least 5 (--prompts-floor).
         assert (
             json.loads((results / "A-c2" / "summary.json").read_text())["config"]["num_prompts"]
