@@ -186,21 +186,24 @@ def healthy_but_auto(v: run.Validation, phase_a: dict, small: dict) -> bool:
             phase_a.pop("ddtree-nauto")
 
 
-def internal_state(port: int, key: str) -> dict:
-    """One DDTREE entry of a server's ``/server_info`` internal state (``key``:
-    ``speculative_ddtree_budget_policy``, the budget-auto policy's budget per batch bucket,
-    round times and calibration; ``speculative_ddtree_round_timing``, where every DDTREE
-    server's rounds spend their host time), or what the server answered instead."""
+def ddtree_states(port: int, keys: tuple[str, ...]) -> dict:
+    """``key -> value`` for DDTREE entries of one server's ``/server_info`` internal state,
+    asked once (``speculative_ddtree_budget_policy``: the budget-auto policy's budget per
+    batch bucket, round times and calibration; ``speculative_ddtree_round_timing``: where
+    every DDTREE server's rounds spend their host time), each missing one as what the server
+    answered instead."""
     try:
         status, info = run.http(f"http://127.0.0.1:{port}/server_info", timeout=30)
     except OSError as exc:
-        return {"error": str(exc)}
-    if status == 200 and isinstance(info, dict):
-        states = info.get("internal_states") or [{}]
-        value = states[0].get(key)
-        if value is not None:
-            return value
-    return {"error": f"no {key} in /server_info ({status})", "body": str(info)[:2000]}
+        return {key: {"error": str(exc)} for key in keys}
+    ok = status == 200 and isinstance(info, dict)
+    state = (info.get("internal_states") or [{}])[0] if ok else {}
+    out = {}
+    for key in keys:
+        out[key] = state.get(key)
+        if out[key] is None:
+            out[key] = {"error": f"no {key} in /server_info ({status})", "body": str(info)[:2000]}
+    return out
 
 
 def plan(args) -> list[str]:
@@ -272,13 +275,12 @@ def crossover(v: run.Validation) -> int:
             if code == 124:
                 return v.finish(f"incomplete: {step} cut at the call's end; call again", 3, todo)
             v.record(step, returncode=code, seconds=round(time.monotonic() - began, 1))
-            if "ddtree-nauto" in servers:
-                policy = internal_state(servers["ddtree-nauto"][0],
-                                        "speculative_ddtree_budget_policy")  # fmt: skip
-                v.write(f"{step}.auto-policy.json", policy)
-            timing = {n: internal_state(port, "speculative_ddtree_round_timing")
+            keys = ("speculative_ddtree_round_timing", "speculative_ddtree_budget_policy")
+            states = {n: ddtree_states(port, keys if n == "ddtree-nauto" else keys[:1])
                       for n, (port, _) in servers.items() if n.startswith("ddtree")}  # fmt: skip
-            v.write(f"{step}.round-timing.json", timing)
+            v.write(f"{step}.round-timing.json", {n: s[keys[0]] for n, s in states.items()})
+            if "ddtree-nauto" in states:
+                v.write(f"{step}.auto-policy.json", states["ddtree-nauto"][keys[1]])
         elif step.startswith("profile-"):
             name, conc = step.removeprefix("profile-").rsplit("-c", 1)
             if name in phase_a:

@@ -984,6 +984,7 @@ out["draft_head"] = {
 # inputs, auto's statistics) per budget and batch size, here on CPU with a stand-in head
 if not V2:
     from sglang.srt.speculative import ddtree_budget_policy as _policy  # noqa: E402
+    from sglang.srt.speculative.ddtree_worker import candidate_tensors  # noqa: E402
 
     def warm_case(budget, capture_bs, auto):
         head = types.SimpleNamespace(
@@ -1002,8 +1003,7 @@ if not V2:
         worker.block_size, worker.budget, worker.tp_rank = 16, budget, 0
         worker.policy = _policy.BudgetPolicy(_policy.candidate_budgets(16)) if auto else None
         if auto:
-            bs_ = worker.policy.budgets
-            worker._candidates = {b: torch.tensor([c for c in bs_ if c <= b]) for b in bs_}
+            worker._candidates = candidate_tensors(worker.policy.budgets, "cpu")
         try:
             return [list(x) for x in worker._warm_eager_kernels(None)]
         except Exception as exc:

@@ -131,7 +131,6 @@ class DDTreeWorker(DFlashWorker):
         # better siblings), so K = the round's budget keeps its tree exact; a probe
         # round (auto) takes K = the largest candidate, exact for every smaller one. The
         # tree is at most block_size - 1 deep (the drafted positions), whatever the budget.
-        self.topk = self.budget  # the largest K a round takes
         self.round_budget = self.budget  # the latest round's (under auto, its choice)
         self._round: Optional[_Round] = None
         self._pending: Optional[_Round] = None
@@ -145,7 +144,7 @@ class DDTreeWorker(DFlashWorker):
                 "DDTREE worker ready. budget=%s, top_k<=%d, draft block_size=%d, "
                 "verify width=%d%s",
                 server_args.speculative_ddtree_budget,
-                self.topk,
+                self.budget,
                 self.block_size,
                 self.verify_width,
                 f", candidates={list(self.policy.budgets)}" if self.policy else "",
@@ -167,9 +166,7 @@ class DDTreeWorker(DFlashWorker):
             )
         device = runner.device
         budgets = self.policy.budgets
-        self._candidates = {
-            b: torch.tensor([c for c in budgets if c <= b], device=device) for b in budgets
-        }
+        self._candidates = candidate_tensors(budgets, device)
         # Two sets, alternating by round: a round's copies land while the previous round's
         # are read.
         self._host_stats = [
@@ -447,6 +444,12 @@ class _Round:
         if self.observed:
             self.start = torch.cuda.Event(enable_timing=True)
             self.end = torch.cuda.Event(enable_timing=True)
+
+
+def candidate_tensors(budgets, device) -> Dict[int, torch.Tensor]:
+    """Per candidate budget, the candidates its tree speaks for (those up to it), as the
+    int64 tensor ``_tree_stats`` takes."""
+    return {b: torch.tensor([c for c in budgets if c <= b], device=device) for b in budgets}
 
 
 def _tree_stats(
