@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import math
 import statistics
 import sys
 import time
@@ -257,6 +258,18 @@ def spiked(x: torch.Tensor, spike: int, gen: torch.Generator, height: float = 14
     return x
 
 
+def zipf_logits(shape: tuple, gen: torch.Generator, dev, lo: float = 1.0, hi: float = 6.0):
+    """float32 logits -s * log(rank + 1) per row, the rank a random permutation of the
+    vocabulary (drawn on the host, sorted on ``dev``) and s log-uniform in [lo, hi] per row
+    (see ``draft_logits``)."""
+    b, n_pos, vocab = shape
+    s = torch.empty((b, n_pos, 1)).uniform_(math.log(lo), math.log(hi), generator=gen).exp()
+    u = torch.empty((b, n_pos, vocab)).uniform_(generator=gen).to(dev)
+    rank = u.argsort(-1).argsort(-1)
+    del u
+    return -s.to(dev) * torch.log1p(rank.float())
+
+
 def draft_logits(shape: tuple, kind: str, gen: torch.Generator, dev) -> torch.Tensor:
     """bf16 draft logits. ``random``: N(0, 2^2), a drafter unsure everywhere, whose best-first
     trees are one or two levels deep (the tree kernel stops after them). ``deep``: sure at
@@ -264,7 +277,14 @@ def draft_logits(shape: tuple, kind: str, gen: torch.Generator, dev) -> torch.Te
     log-prob is about -0.003), so the tree is a few chains 15 levels deep and only rank-0
     children can enter it (the tree kernel's rank-0 shortcut, no sort). ``branchy``: after the
     first position, two likely tokens per position (25 and 24 added to two of the N(0, 2^2)
-    logits), so the tree is about ten levels deep and branches on the way (levels sorted)."""
+    logits), so the tree is about ten levels deep and branches on the way (levels sorted).
+    ``zipf``: shaped like a language model's rows: every (request, position) row follows a
+    Zipf law over a random order of the vocabulary, p(rank r) ~ (r + 1)^-s, with its own
+    sharpness s, log-uniform in [1, 6] (top-1 probability from about 0.08 to 0.98), so
+    sure and unsure positions alternate at random; at budget 64 the tree is 5-12 levels
+    deep and nearly every depth needs a sort (the rank-0 shortcut rarely applies)."""
+    if kind == "zipf":
+        return zipf_logits(shape, gen, dev).to(torch.bfloat16)
     x = torch.randn(shape, generator=gen) * 2.0
     if kind == "deep":
         x = spiked(x, shape[1], gen, height=25.0)
@@ -286,9 +306,10 @@ def main() -> int:
     ap.add_argument("--prefix", type=int, default=1024, help="tokens already in the KV cache")
     ap.add_argument(
         "--logits",
-        choices=("random", "deep", "branchy"),
+        choices=("random", "deep", "branchy", "zipf"),
         default="random",
-        help="random: shallow trees; deep: sure chains; branchy: deep and branching"
+        help="random: shallow trees; deep: sure chains; branchy: deep and branching;"
+        " zipf: rows shaped like a language model's, sharpness varying by row"
         " (see draft_logits)",
     )
     ap.add_argument("--iters", type=int, default=100)

@@ -110,6 +110,12 @@ def stop(v: run.Validation, names) -> None:
         run.stop_server(v.state, name)
 
 
+def warmup_at(concurrency: int, warmup: str) -> int:
+    """Warmup requests per pass at a concurrency: ``warmup`` as a number, or ``"c"``: as
+    many as the bench keeps in flight."""
+    return concurrency if warmup == "c" else int(warmup)
+
+
 def bench_step(v: run.Validation, step: str, servers: dict, budgets: list[int],
                concurrency: int, reference: bool) -> int:  # fmt: skip
     """One interleaved ``ddtree bench`` at one concurrency: every DDTREE budget of the phase
@@ -132,6 +138,7 @@ def bench_step(v: run.Validation, step: str, servers: dict, budgets: list[int],
            "--dataset", str(dataset), "--num-prompts", str(count),
            "--max-new-tokens", str(args.max_new), "--temperature", "0",
            "--concurrency", str(concurrency), "--trials", str(args.trials),
+           "--warmup", str(warmup_at(concurrency, args.warmup)),
            "--json", "--output", str(output)]  # fmt: skip
     return run.guarded_bench(v, step, cmd, run.client_env(state, args.client), margin=15)
 
@@ -328,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts-floor", type=int, default=8)
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--max-new", type=int, default=128)
+    p.add_argument(
+        "--warmup",
+        default="1",
+        help="unrecorded warmup requests per pass, run together: a number, or 'c' for the "
+        "bench's concurrency (every arm meets that batch size before its first trial)",
+    )
     p.add_argument("--agree-prompts", type=int, default=100)
     p.add_argument("--agree-new", type=int, default=64)
     p.add_argument("--prompt-file", help="default: the bundle's heldout set")
@@ -338,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", type=int, default=30000)
     p.add_argument("--small-base", type=int, default=31000)
     args = p.parse_args(argv)
+    if args.warmup != "c" and not (args.warmup.isdigit()):
+        p.error(f"--warmup must be a number of requests or 'c', got {args.warmup!r}")
     if set(args.budgets_a) & set(args.budgets_b) or not args.budgets_a:
         p.error("--budgets-a must be non-empty and share no budget with --budgets-b")
     if args.profile_concurrency and not set(args.profile_budgets) <= set(args.budgets_a):

@@ -34,6 +34,8 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
     crossover = load_script("crossover")
     assert [crossover.prompts_at(c, 5, 8) for c in (1, 2, 4, 32)] == [8, 10, 20, 160]
+    assert [crossover.warmup_at(c, "c") for c in (1, 16)] == [1, 16]
+    assert crossover.warmup_at(16, "2") == 2
     args = crossover.main.__globals__["argparse"].Namespace(
         budgets_a=[64, 15, 32], budgets_b=[128], base=30000, small_base=31000, ckpt="scaled",
         small_ckpt="trained", mem_fraction=0.9, max_bs=32, max_total_tokens=20000,
@@ -60,7 +62,7 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
              str(small), "--budgets-a", "8,4", "--budgets-b", "2", "--concurrency", "1,2",
              "--profile-concurrency", "", "--prompts-floor", "5", "--trials", "3",
              "--max-new", "8", "--agree-prompts", "4", "--agree-new", "8",
-             "--client", str(REPO), "--auto"]  # fmt: skip
+             "--client", str(REPO), "--auto", "--warmup", "c"]  # fmt: skip
     state = tmp_path / "state"
     try:
         proc = _run(tmp_path, "--pieces", str(pieces), "--until", "1", *flags)
@@ -97,11 +99,10 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
         timing = json.loads((results / "A-c1.round-timing.json").read_text())
         assert set(timing) == {"ddtree-n8", "ddtree-n4", "ddtree-nauto"}
         assert all("no speculative_ddtree_round_timing" in t["error"] for t in timing.values())
-        # 5 prompts per request in flight, at least 5 (--prompts-floor).
-        assert (
-            json.loads((results / "A-c2" / "summary.json").read_text())["config"]["num_prompts"]
-            == 10
-        )
+        # 5 prompts per request in flight, at least 5 (--prompts-floor); warmed up with as
+        # many requests as the bench keeps in flight (--warmup c).
+        config = json.loads((results / "A-c2" / "summary.json").read_text())["config"]
+        assert config["num_prompts"] == 10 and config["warmup"] == 2, config
         # Phase B stopped phase A's DDTREE servers (budget auto's too) and the small pair's.
         assert sorted(p.stem for p in state.glob("*.pid")) == ["ddtree-n2", "dflash", "plain"]
         # Called again, it redoes nothing.
