@@ -145,12 +145,14 @@ def patch(
             emit_json(out)
         else:
             for f in result.files:
-                if f.state is engine.State.DRIFTED:
+                if f.state in (engine.State.DRIFTED, engine.State.OUTDATED):
                     err_console.print(f"  {f.state.value:<8} {f.path} {f.detail}")
             console.print(
                 f"{snap.root}: sglang {snap.version} is [bold]{result.describe()}[/] "
                 f"(series {result.series_version}: {result.match.why})"
             )
+            if result.state is engine.State.OUTDATED:
+                info(f"`ddtree patch {snap.root}` brings it to this version's series")
         raise typer.Exit(int(engine.CHECK_EXIT[result.state]))
 
     if revert:
@@ -193,10 +195,15 @@ def patch(
         changed=result.changed,
         compiled=result.compiled,
         already_applied=result.already_applied,
+        updated=result.updated,
     )
     message = (
         f"sglang {snap.version} at {snap.root} is already patched"
         if result.already_applied
+        else f"Updated the ddtree patch of sglang {snap.version} at {snap.root} to this "
+        f"version's series {result.series_version}: {len(result.changed)} files; revert "
+        f"with `ddtree patch --revert {snap.root}`"
+        if result.updated
         else f"Patched sglang {snap.version} ({snap.layout.value}, series "
         f"{result.series_version}{', forced' if result.forced else ''}): "
         f"{len(result.changed)} files, all compiled; revert with `ddtree patch --revert {snap.root}`"

@@ -8,7 +8,7 @@ import re
 
 from ddtree_cli.doctor.parsing import base_version, pip_install, python_of_tag, version_tuple
 from ddtree_cli.doctor.snapshot_abi import SnapshotABI
-from ddtree_cli.doctor.verdict import Verdict, failed, passed, skipped
+from ddtree_cli.doctor.verdict import Verdict, failed, passed, skipped, warned
 from ddtree_cli.errors import DdtreeError
 
 
@@ -92,7 +92,8 @@ def check_sglang_vs_snapshot(facts: dict, snapshot: SnapshotABI | None = None) -
 
 
 def check_patch_state(snapshot_path: str) -> Verdict:
-    """Is DDTREE in the snapshot to be served? (applied / pristine / drifted, by `patch`)."""
+    """Is DDTREE in the snapshot to be served? (applied / pristine / drifted / outdated, by
+    `patch`)."""
     from pathlib import Path
 
     from ddtree_cli.patching import engine
@@ -110,6 +111,16 @@ def check_patch_state(snapshot_path: str) -> Verdict:
         return failed(
             "snapshot.patch",
             f"{where} is pristine: no DDTREE in it",
+            f"ddtree patch {snapshot_path}",
+        )
+    if state == "outdated":
+        older = [f.path for f in result.files if f.state.value == "outdated"]
+        return warned(
+            "snapshot.patch",
+            f"{where} carries DDTREE as another version of ddtree patched it ("
+            + ", ".join(older[:3])
+            + (" …" if len(older) > 3 else "")
+            + " differ from this version's series)",
             f"ddtree patch {snapshot_path}",
         )
     drifted = [f"{f.path}: {f.detail}" for f in result.files if f.state.value == "drifted"]

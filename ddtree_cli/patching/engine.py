@@ -31,6 +31,7 @@ class State(str, Enum):
     APPLIED = "applied"
     PRISTINE = "pristine"
     DRIFTED = "drifted"
+    OUTDATED = "outdated"  # patched by ddtree, untouched since, but by another series content
 
 
 @dataclass
@@ -62,11 +63,12 @@ class CheckResult:
 class FileChange:
     path: str
     before: bytes | None  # None: the file is created
-    after: bytes
+    after: bytes | None  # None: the file is removed (an update from another series)
 
     def diff(self) -> str:
         before = None if self.before is None else self.before.decode("utf-8")
-        return unidiff.make(self.path, before, self.after.decode("utf-8"))
+        after = "" if self.after is None else self.after.decode("utf-8")
+        return unidiff.make(self.path, before, after)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class ApplyResult:
     already_applied: bool = False
     forced: bool = False
     compiled: list[str] = field(default_factory=list)
+    updated: bool = False  # it carried another version of the series, now this one
 
 
 def _read(snapshot: Snapshot, rel: str) -> bytes | None:
@@ -120,8 +123,67 @@ def _overall(files: list[FileState]) -> State:
 def check(snapshot: Snapshot, *, force: bool = False, match: Match | None = None) -> CheckResult:
     match = match or identify(snapshot, force=force)
     manifest = _manifest(snapshot)
+    if manifest is not None:
+        update = _update_targets(match, snapshot, manifest)
+        if update is not None and any(u.current != u.target for u in update):
+            files = [
+                FileState(u.path, State.OUTDATED, "patched by another version of ddtree")
+                if u.current != u.target
+                else FileState(u.path, State.APPLIED)
+                for u in update
+            ]
+            return CheckResult(snapshot, match, State.OUTDATED, files)
     files = [_file_state(match.series, snapshot, rel, manifest) for rel in match.series.touched]
     return CheckResult(snapshot, match, _overall(files), files)
+
+
+@dataclass
+class _Target:
+    path: str
+    original: bytes | None  # the release's file (None: absent from it)
+    current: bytes | None  # on disk now
+    target: bytes | None  # what this version of the series makes of the original
+
+
+def _update_targets(match: Match, snapshot: Snapshot, manifest: dict) -> list[_Target] | None:
+    """Per file that either version of the series touches: the release's original (saved in
+    the state folder when ddtree patched the snapshot), what is on disk and what this
+    ddtree's series makes of the original. None when the snapshot changed since it was
+    patched (a file no longer hashes as recorded, or a saved original is damaged): that is
+    drift, not an older patch."""
+    series = match.series
+    originals = snapshot.state_dir / "originals"
+    out: list[_Target] = []
+    for rel in sorted(set(manifest["files"]) | set(series.touched)):
+        current = _read(snapshot, rel)
+        entry = manifest["files"].get(rel)
+        if entry is not None:
+            if current is None or sha256(current) != entry["after"]:
+                return None
+            if entry["before"] is None:
+                original = None
+            else:
+                path = originals / rel
+                original = path.read_bytes() if path.is_file() else None
+                if original is None or sha256(original) != entry["before"]:
+                    return None
+        else:  # not touched by the recorded patch: as released (or absent)
+            original = current
+        if rel in series.pristine:
+            if original is None:
+                return None
+            try:
+                target = series.patched(rel, original, fuzzy=match.forced)
+            except unidiff.DiffError:
+                return None
+        elif rel in series.touched:
+            if entry is None and original is not None:  # a file ddtree did not create
+                return None
+            target = series.new_content(rel)
+        else:  # the recorded patch touched it, this series does not: back to the release
+            target = original
+        out.append(_Target(rel, original, current, target))
+    return out
 
 
 def plan(snapshot: Snapshot, *, force: bool = False) -> tuple[Match, list[FileChange]]:
@@ -131,6 +193,10 @@ def plan(snapshot: Snapshot, *, force: bool = False) -> tuple[Match, list[FileCh
     result = check(snapshot, force=force, match=match)
     if result.state is State.APPLIED:
         return match, []
+    if result.state is State.OUTDATED:
+        update = _update_targets(match, snapshot, _manifest(snapshot)) or []
+        return match, [FileChange(u.path, u.current, u.target) for u in update
+                       if u.current != u.target]  # fmt: skip
     if result.state is State.DRIFTED and not force:
         if _manifest(snapshot) is not None:
             raise DdtreeError(
@@ -295,6 +361,8 @@ def apply(snapshot: Snapshot, *, force: bool = False) -> ApplyResult:
     if not changes:
         result.already_applied = True
         return result
+    if check(snapshot, force=force, match=match).state is State.OUTDATED:
+        return _apply_update(snapshot, match, changes, result)
     for change in changes:
         _compile(change.path, change.after)
     if snapshot.state_dir.exists():
@@ -320,6 +388,53 @@ def apply(snapshot: Snapshot, *, force: bool = False) -> ApplyResult:
         _compile(change.path, (snapshot.root / change.path).read_bytes())
     result.changed = [c.path for c in changes]
     result.compiled = [c.path for c in changes if c.path.endswith(".py")]
+    return result
+
+
+def _apply_update(
+    snapshot: Snapshot, match: Match, changes: list[FileChange], result: ApplyResult
+) -> ApplyResult:
+    """Bring a snapshot patched by another version of the series to this one's, all or
+    nothing: the changed files and a new state folder (the release's originals, kept from
+    the old one, so that ``--revert`` still restores the release)."""
+    update = _update_targets(match, snapshot, _manifest(snapshot)) or []
+    for change in changes:
+        if change.after is not None:
+            _compile(change.path, change.after)
+    # The new record, as a fresh patch of the release writes it: every file whose target
+    # differs from the release's, in the series' order.
+    targets = {u.path: u for u in update}
+    patched = [FileChange(rel, targets[rel].original, targets[rel].target)
+               for rel in match.series.touched
+               if rel in targets and targets[rel].original != targets[rel].target]  # fmt: skip
+    state_tmp = _write_state(snapshot, match.series, patched, match.forced)
+    writes: dict[str, bytes | None] = {c.path: c.after for c in changes}
+    current = {c.path: c.before for c in changes}
+    old_state = snapshot.state_dir.with_name(snapshot.state_dir.name + ".old")
+    shutil.rmtree(old_state, ignore_errors=True)
+    try:
+        commit_files(snapshot.root, writes, current)
+        try:
+            with _sigint_deferred():
+                os.replace(snapshot.state_dir, old_state)
+                try:
+                    os.replace(state_tmp, snapshot.state_dir)
+                except BaseException:
+                    os.replace(old_state, snapshot.state_dir)
+                    raise
+        except BaseException:
+            _rollback(snapshot.root, list(writes), current)
+            raise
+    finally:
+        if state_tmp.exists():
+            shutil.rmtree(state_tmp, ignore_errors=True)
+    shutil.rmtree(old_state, ignore_errors=True)
+    for change in changes:
+        if change.after is not None:
+            _compile(change.path, (snapshot.root / change.path).read_bytes())
+    result.changed = [c.path for c in changes]
+    result.compiled = [c.path for c in changes if c.after is not None and c.path.endswith(".py")]
+    result.updated = True
     return result
 
 
@@ -434,4 +549,5 @@ CHECK_EXIT = {
     State.APPLIED: ExitCode.OK,
     State.PRISTINE: ExitCode.CHECK_FAILED,
     State.DRIFTED: ExitCode.CHECK_FAILED,
+    State.OUTDATED: ExitCode.CHECK_FAILED,
 }

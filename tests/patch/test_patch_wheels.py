@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_cli import budget_policy
+from ddtree_cli.doctor.snapshot_rules import check_patch_state
 from ddtree_cli.patching import engine, fetch, series, snapshot
 from tests.conftest import require
 from tests.patch.conftest import RELEASES, VERSIONS, tree_digest
@@ -341,3 +342,87 @@ def test_fetch_extracts_a_snapshot(version, pristine_root, tmp_path):
     assert tree_digest(into) == tree_digest(pristine_root(version))
     again = run_cli("--fetch", version, "--into", str(into))
     assert again.returncode != 0 and "not empty" in " ".join(again.stderr.split())
+
+
+def _as_patched_by_an_older_series(root: Path) -> None:
+    """Make a snapshot patched by this ddtree look as one patched by an earlier version of
+    its series would: another worker (a different constant) and one added file fewer, with
+    the state folder recording exactly those files, as that ddtree wrote it."""
+    state = root / ".ddtree" / "manifest.json"
+    manifest = json.loads(state.read_text())
+    rel_worker = "sglang/srt/speculative/ddtree_worker.py"
+    worker = root / rel_worker
+    text = worker.read_bytes()
+    assert b"OBSERVE_EVERY = " in text
+    older = text.replace(b"OBSERVE_EVERY = ", b"OBSERVE_EVERY = 1 + ", 1)
+    worker.write_bytes(older)
+    manifest["files"][rel_worker]["after"] = series.sha256(older)
+    rel_timing = "sglang/srt/speculative/ddtree_round_timing.py"
+    (root / rel_timing).unlink()
+    del manifest["files"][rel_timing]
+    state.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def test_a_snapshot_patched_by_another_version_of_the_series_is_outdated_and_updated(
+    snapshot_copy,
+):
+    root = snapshot_copy("0.5.13")
+    pristine = tree_digest(root)
+    assert run_cli(str(root)).returncode == 0
+    fresh = tree_digest(root)
+    fresh_manifest = json.loads((root / ".ddtree" / "manifest.json").read_text())
+    _as_patched_by_an_older_series(root)
+    older = tree_digest(root)
+
+    out = run_cli(str(root), "--check", "--json")
+    assert out.returncode == 5, out.stderr
+    report = json.loads(out.stdout)
+    assert report["state"] == "outdated", report
+    assert {f["path"] for f in report["files"] if f["state"] == "outdated"} == {
+        "sglang/srt/speculative/ddtree_worker.py",
+        "sglang/srt/speculative/ddtree_round_timing.py",
+    }
+    verdict = check_patch_state(str(root))  # doctor: a warning, with the command that fixes it
+    assert (verdict.status, verdict.fix) == ("warn", f"ddtree patch {root}"), verdict
+    assert "ddtree_worker.py" in verdict.detail
+    out = run_cli(str(root), "--dry-run", "--json")
+    assert out.returncode == 0 and tree_digest(root) == older
+    assert set(json.loads(out.stdout)["files"]) == {
+        "sglang/srt/speculative/ddtree_worker.py",
+        "sglang/srt/speculative/ddtree_round_timing.py",
+    }
+
+    out = run_cli(str(root), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["updated"] is True
+    # Exactly what a fresh patch of the release writes, state folder included, so that
+    # --revert still restores the release.
+    assert tree_digest(root) == fresh
+    assert json.loads((root / ".ddtree" / "manifest.json").read_text()) == fresh_manifest
+    assert run_cli(str(root), "--check").returncode == 0
+    assert run_cli(str(root), "--revert").returncode == 0
+    assert tree_digest(root) == pristine
+
+
+def test_an_update_cut_at_the_state_swap_leaves_the_older_patch(snapshot_copy, monkeypatch):
+    root = snapshot_copy("0.5.13")
+    engine.apply(snapshot.detect(root))
+    _as_patched_by_an_older_series(root)
+    older = tree_digest(root)
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if Path(dst).name == ".ddtree" and ".ddtree-state-" in Path(src).name:
+            raise OSError("disk full")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(engine.os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        engine.apply(snapshot.detect(root))
+    monkeypatch.undo()
+    assert tree_digest(root) == older
+    assert engine.check(snapshot.detect(root)).state is engine.State.OUTDATED
+    # A file edited since (not by ddtree) is drift, whatever the series: never overwritten.
+    worker = root / "sglang/srt/speculative/ddtree_worker.py"
+    worker.write_bytes(worker.read_bytes() + b"# local\n")
+    assert engine.check(snapshot.detect(root)).state is engine.State.DRIFTED
