@@ -30,9 +30,11 @@ part once per budget and CUDA-graph batch size so that its Triton kernels compil
 first request.
 
 Run on an H200 (0.5.13, the 8B-cost pair; docs/performance.md): lossless, the budget follows
-the batch, but every round was observed then and auto's rounds were 3-16 % slower than the
-fixed budget it chose. Newer than that run, not yet run on a GPU: one observed round in
-four, K = the round's budget, the round timing and the start-up warm-up.
+the batch. With one observed round in four, K = the round's budget and the start-up warm-up,
+auto's round still took 0.5-1.0 ms more than the fixed budget it chose at the same width,
+0.4 ms of it the policy's host work (an observed round's statistics and events about 1.2 ms,
+the round after it reading them); hence one observed round in sixteen now (not yet run on a
+GPU).
 """
 
 from __future__ import annotations
@@ -250,7 +252,9 @@ class DDTreeWorker(DFlashWorker):
             )
         return warmed
 
-    OBSERVE_EVERY = 4  # under auto: rounds per observed round, besides the policy's own
+    # Under auto: rounds per observed round, besides the policy's own (exploration,
+    # re-timing, probes). On the H200 an observed round cost ~1.2 ms of host time.
+    OBSERVE_EVERY = 16
 
     def _use_width(self, width: int) -> None:
         """The target's verify width for this round: its graph runner and the triton
