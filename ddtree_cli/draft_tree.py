@@ -684,11 +684,14 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 # Warps per program = clamp(widest tensor // divisor), which the benchmark's --tune picks;
 # and whether the tree kernel computes its floor from chains (the exit, the rank-0 shortcut
 # and the compacted final choice need it): on by default, off only to measure what it saves.
+# `tree_rise` raises that floor as depths are built (fewer depths sorted on drafts shaped
+# like a language model's); off until measured on a GPU (docs/performance.md).
 _TUNING: dict[str, int] = {
     "tree_div": 128,
     "select_div": 512,
     "row_div": 64,
     "tree_exit": 1,
+    "tree_rise": 0,
 }
 
 
@@ -849,7 +852,7 @@ def _kernels():
         tokens, parents, depths, scores, num_nodes, vis,
         n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
         LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
-        D1: tl.constexpr, BOUND: tl.constexpr,
+        D1: tl.constexpr, BOUND: tl.constexpr, RISE: tl.constexpr,
     ):  # fmt: skip
         req = tl.program_id(0)
         n: tl.constexpr = budget + 1
@@ -908,12 +911,24 @@ def _kernels():
         s0 = tl.load(lp_r)
         y0 = tl.load(lp_r + D1 * k)
         y1 = tl.load(lp_r + D1 * k + 1, mask=k > 1, other=float("-inf"))
+        if RISE:
+            # The floor rises as depths are built: A_1 and A_d, and A_{d-1} and A_d, are
+            # 2 * budget distinct paths each, so the budget-th best of either union is at
+            # most the tree's lowest score too. Of two descending lists X and Y,
+            # max(X[i], Y[budget - 1 - i]) over i < budget is the top `budget` of their
+            # union, and its minimum is that union's budget-th best (a value already stored:
+            # no arithmetic). A depth whose best is below the risen floor takes the rank-0
+            # shortcut below and comes out empty, as do deeper ones.
+            a1 = a
+            rev = tl.where(jm, budget - 1 - j, 0)
         for d in range(1, d_end):
             # Prefetch the next depth's log-probs: they do not depend on this depth's result.
             dn = tl.minimum(d + 1, n_pos - 1)
             nxt = tl.load(lp_r + dn * k + cr, mask=cm, other=float("-inf"))
             y0n = tl.load(lp_r + dn * k)
             y1n = tl.load(lp_r + dn * k + 1, mask=k > 1, other=float("-inf"))
+            if RISE:
+                prev = a
             if s0 + y1 < bound:
                 # Not even the best parent's second child reaches the bound: only rank-0
                 # children can enter the tree, and they keep their parents' order (the
@@ -931,6 +946,11 @@ def _kernels():
                 pick = _tt_index(top).to(tl.int32)
                 tl.store(s_r + d * budget + j, a, mask=jm)
                 tl.store(c_r + d * budget + j, tl.gather(pk, pick, 0), mask=jm)
+            if RISE:
+                a_rev = tl.gather(a, rev, 0)
+                with_first = tl.min(tl.where(jm, tl.maximum(a1, a_rev), float("inf")), 0)
+                with_prev = tl.min(tl.where(jm, tl.maximum(prev, a_rev), float("inf")), 0)
+                bound = tl.maximum(bound, tl.maximum(with_first, with_prev))
             s0 = s0 + y0
             y0 = y0n
             y1 = y1n
@@ -985,7 +1005,13 @@ def _kernels():
             tl.store(row_ptr + anc, ones, mask=colm)
             anc = tl.gather(up, anc, 0)
 
-    @triton.jit
+    # `numel` (the mask's size) follows the prefix lengths. Specialised on its divisibility
+    # by 16, as Triton does an integer argument by default, a round whose lengths change
+    # that compiles a second variant mid-serving, which the start-up warm-up (one set of
+    # lengths) does not cover: at width 16 numel is always a multiple of 16, at 33 and 65
+    # only for some lengths, and the H200 run's first-use stalls in the build (300-470 ms)
+    # came at widths 33 and 65 only. One variant serves every length.
+    @triton.jit(do_not_specialize=["numel"])
     def verify(
         parents, depths, tokens, num_nodes, vis, roots, prefix, batch, n, numel,
         input_ids, positions, mask, indptr, next_token, next_sibling, retrieve_index,
@@ -1164,7 +1190,7 @@ def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
         tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8),
         n_pos=n_pos, budget=budget, BP=bp, CP=cp, LBP=lbp, LP=_pow2(n_pos),
         NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), BOUND=bool(_TUNING["tree_exit"]),
-        num_warps=warps,
+        RISE=bool(_TUNING["tree_exit"] and _TUNING["tree_rise"]), num_warps=warps,
     )  # fmt: skip
     return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)
 
