@@ -323,7 +323,8 @@ def main() -> int:
     ap.add_argument(
         "--tune",
         action="store_true",
-        help="first pick the kernels' warp divisors at batch 1 and 32, budget 64 (graph)",
+        help="first pick the kernels' warp divisors at batch 1 and 32, budget 64 (graph),"
+        " on the --logits kind",
     )
     for key, default in dt._TUNING.items():
         ap.add_argument("--" + key.replace("_", "-"), type=type(default), default=default)
@@ -416,7 +417,12 @@ def stage_inputs(args, dev, gen, b: int, budget: int) -> tuple:
 
 def tune(args, dev, gen) -> None:
     """Pick each warp divisor by the summed graph time of its stage at the target cells."""
-    choices = {"select_div": (512, 256), "tree_div": (256, 128), "row_div": (64,)}
+    choices = {
+        "select_div": (512, 256, 1024),
+        "tree_div": (128, 256, 512, 1024),
+        "row_div": (64, 32, 128),
+        "tree_rise": (0, 1),
+    }
     cells = []
     for b in (1, 32):
         cells.append(stage_inputs(args, dev, gen, b, 64))
@@ -425,7 +431,7 @@ def tune(args, dev, gen) -> None:
         logits, budget, lp, ids, tree, roots, prefix, numel, target = cell
         if key == "select_div":
             return [lambda: dt._triton_topk_logprobs(logits, budget)]
-        if key == "tree_div":
+        if key in ("tree_div", "tree_rise"):
             return [lambda: dt.build_tree_from_topk(lp, ids, budget, use_triton=True)]
         return [
             lambda: dt.verify_inputs(tree, roots, prefix, mask_numel=numel, use_triton=True),

@@ -17,6 +17,7 @@ from ddtree_cli import draft_tree as dt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import draft_tree_gpu as gpu_bench  # noqa: E402
+from tree_floor import floor_trace  # noqa: E402
 
 _patch_lang_tensor = interpreter._patch_lang_tensor
 
@@ -31,54 +32,28 @@ def _patch_with_index(tensor, scope):
 interpreter._patch_lang_tensor = _patch_with_index
 
 
-def chain_bound(row: torch.Tensor, budget: int) -> torch.Tensor:
-    """The tree kernel's floor, from its rule: the best over root children j of the chain
-    "j, then rank 0 at each later position" at depth ceil(budget / (j + 1)), summed in
-    float32 in the kernel's order."""
-    n_pos, k = row.shape
-    bound = torch.tensor(float("-inf"))
-    for j in range(min(k, budget)):
-        h = -(-budget // (j + 1))
-        if h <= n_pos:
-            chain = row[0, j].clone()
-            for d in range(1, h):
-                chain = chain + row[d, 0]
-            bound = torch.maximum(bound, chain)
-    return bound
-
-
 def exit_depths(lp: torch.Tensor, budget: int) -> list:
     """Per request, the first depth the tree kernel does not build (None: it builds every
-    depth): the best candidate at depth d is the best at depth d - 1 plus position d's rank-0
-    log-prob, and a depth whose best is below the bound is left empty, as are deeper ones."""
-    out = []
-    for row in lp.float():
-        bound = chain_bound(row, budget)
-        best, stop = row[0, 0].clone(), None
-        for d in range(1, row.shape[0]):
-            best = best + row[d, 0]
-            if best < bound:
-                stop = d + 1  # depths are 1-based: the root's children are depth 1
-                break
-        out.append(stop)
-    return out
+    depth; with ``tree_rise`` the depths after it are sorted by no one and come out empty)."""
+    scores, _, _ = dt._select_per_depth(lp.float(), budget)
+    return [floor_trace(row, sc, budget)[2] for row, sc in zip(lp.float(), scores, strict=True)]
 
 
 TAKEN: set = set()
 
 
-def note_regimes(lp: torch.Tensor, budget: int, exits: list) -> None:
+def note_regimes(lp: torch.Tensor, budget: int) -> None:
     """Which branches of the tree kernel these inputs take: a depth built by the rank-0
-    shortcut (the best parent's second child is below the bound) or by the sort, and the final
-    choice over at most 2 BP entries at or above the bound (compacted) or over all of them."""
+    shortcut (the best parent's second child is below the floor) or by the sort, and the final
+    choice over at most 2 BP entries at or above the floor (compacted) or over all of them."""
     bp = max(2, dt._pow2(budget))
     scores, _, _ = dt._select_per_depth(lp.float(), budget)
-    for r, (row, stop) in enumerate(zip(lp.float(), exits, strict=True)):
-        bound = chain_bound(row, budget)
-        end = stop - 1 if stop else row.shape[0]  # depths the kernel builds: 2..end
-        for d in range(1, end):
+    for r, row in enumerate(lp.float()):
+        built, bound, stop = floor_trace(row, scores[r], budget)
+        for d, floor in enumerate(built, start=1):
             second = scores[r, d - 1, 0] + (row[d, 1] if row.shape[1] > 1 else float("-inf"))
-            TAKEN.add(("depth", "rank-0" if second < bound else "sorted"))
+            TAKEN.add(("depth", "rank-0" if second < floor else "sorted"))
+        end = stop - 1 if stop else row.shape[0]  # depths 1..end are built
         kept = (scores[r, :end] >= bound).sum()
         TAKEN.add(("final", "compacted" if kept <= 2 * bp else "whole"))
 
@@ -94,7 +69,7 @@ def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int,
     lp, ids = dt.topk_logprobs(x, budget, use_triton=False)
     exits = exit_depths(lp, budget)
     assert want_exit is ... or exits == want_exit, exits
-    note_regimes(lp, budget, exits)
+    note_regimes(lp, budget)
     tree = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
     roots = torch.randint(0, vocab, (b,), generator=gen)
     prefix = torch.randint(0, 9, (b,), generator=gen)
@@ -111,18 +86,39 @@ def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int,
 
 
 def check_tree(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int,
-               spike: int = 0, want_exit=...) -> None:  # fmt: skip
+               spike: int = 0, want_exit=..., height: float = 14.0) -> None:  # fmt: skip
     """The tree kernel alone (each per-depth selection strategy) at larger budgets."""
     gen = torch.Generator().manual_seed(seed)
-    x = gpu_bench.spiked(torch.randn(b, n_pos, vocab, generator=gen) * 2, spike, gen)
+    x = torch.randn(b, n_pos, vocab, generator=gen) * 2
+    x = gpu_bench.spiked(x, spike, gen, height=height)
     if ties:
         x = x.round()
     lp, ids = dt.topk_logprobs(x.to(torch.bfloat16), budget, use_triton=False)
     exits = exit_depths(lp, budget)
     assert want_exit is ... or exits == want_exit, exits
-    note_regimes(lp, budget, exits)
+    note_regimes(lp, budget)
     gpu_bench.check_tree(lp, ids, budget)
-    print(f"ok tree b={b} L={n_pos} V={vocab} B={budget} ties={ties} exit={exits}")
+    rise = dt._TUNING["tree_rise"]
+    print(f"ok tree b={b} L={n_pos} V={vocab} B={budget} ties={ties} rise={rise} exit={exits}")
+
+
+def check_zipf(b: int, n_pos: int, vocab: int, budget: int, seed: int) -> None:
+    """Rows shaped like a language model's (the GPU benchmark's ``zipf``): the tree kernel in
+    both floor modes against the PyTorch path, and the risen floor stopping the build
+    earlier than the chain floor alone (depths not built, 15 + 1 for a full build)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = gpu_bench.draft_logits((b, n_pos, vocab), "zipf", gen, torch.device("cpu"))
+    lp, ids = dt.topk_logprobs(x, budget, use_triton=False)
+    stops = {}
+    for rise in (0, 1):
+        dt._TUNING["tree_rise"] = rise
+        gpu_bench.check_tree(lp, ids, budget)
+        stops[rise] = [e or n_pos + 1 for e in exit_depths(lp, budget)]
+        note_regimes(lp, budget)
+    dt._TUNING["tree_rise"] = 0
+    assert all(r <= c for r, c in zip(stops[1], stops[0], strict=True)), stops
+    assert sum(stops[1]) < sum(stops[0]), stops
+    print(f"ok zipf b={b} L={n_pos} V={vocab} B={budget} stop chain={stops[0]} rise={stops[1]}")
 
 
 CASES = [
@@ -149,13 +145,20 @@ TREE_CASES = [
     (1, 3, 1500, 128, True),  # 512 candidates per depth
     (1, 15, 1500, 64, False, 15, [None]),  # sure everywhere: every depth sorted, no exit
     (2, 15, 1500, 64, False, 6, ...),  # the exit after a deep start, at the target shape
+    # Sure to the last bit after an integer first position: rank-0 log-probs of exactly 0,
+    # so every depth repeats A_1's tied scores and 465 of them stand at or above the floor:
+    # the final choice over all of them, ties broken by depth.
+    (1, 15, 800, 64, True, 14, [None], 200.0),
 ]
 
 if __name__ == "__main__":
     for i, case in enumerate(CASES):
         check(*case[:5], i, *case[5:])
-    for i, case in enumerate(TREE_CASES):
-        check_tree(*case[:5], 100 + i, *case[5:])
+    check_zipf(4, 15, 1500, 64, 200)
+    for rise in (0, 1):  # the floor from chains alone, then raised as depths are built
+        dt._TUNING["tree_rise"] = rise
+        for i, case in enumerate(TREE_CASES):
+            check_tree(*case[:5], 100 + i, *case[5:])
     want = {("depth", "rank-0"), ("depth", "sorted"), ("final", "compacted"), ("final", "whole")}
     assert want == TAKEN, f"branches not taken: {want - TAKEN}"
     print(f"ok every branch of the tree kernel taken: {sorted(TAKEN)}")
