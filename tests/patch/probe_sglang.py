@@ -1014,6 +1014,74 @@ if not V2:
         "auto": warm_case(64, [1, 2, 4], True),
     }
 
+# --- the round graphs (ddtree_round_graphs.py): which graph a round replays, the copy into
+# its input rows and the cut of its outputs, on the CPU. A stand-in for CUDA-graph capture
+# keeps what real capture keeps (the outputs' buffers, written again by every replay): its
+# replay runs the captured call on the graph's input buffer and copies the result in.
+from sglang.srt.speculative.ddtree_round_graphs import DraftRoundGraphs  # noqa: E402
+
+_TREE_FIELDS = ("tokens", "parents", "depths", "visibility", "num_nodes", "scores")
+
+
+def _round_tensors(result):
+    logprobs, ids, tree = result
+    return [logprobs, ids] + [getattr(tree, f) for f in _TREE_FIELDS]
+
+
+def _capture_by_call(fn, pool):
+    out = fn()
+
+    def replay():
+        for dst, src in zip(_round_tensors(out), _round_tensors(fn()), strict=True):
+            dst.copy_(src)
+
+    return replay, out
+
+
+def round_graphs_case():
+    head = types.SimpleNamespace(
+        weight=torch.randn(50, 16, generator=gen),
+        shard_indices=types.SimpleNamespace(
+            num_org_elements=50, num_org_elements_padded=50, num_added_elements=0,
+            org_vocab_start_index=0, added_vocab_start_index=50,
+        ),
+    )  # fmt: skip
+    graphs = DraftRoundGraphs(
+        lambda hidden, k: draft_topk_logprobs(hidden, head, k, None),
+        ddtree_tree.build_tree_from_topk,
+        sizes=[4, 2], n_pos=15, hidden_size=16, dtype=torch.float32, device="cpu",
+        capture_fn=_capture_by_call, pool_fn=lambda: None,
+    )  # fmt: skip
+    captured = [graphs.capture(8, 8), graphs.capture(8, 8), graphs.capture(8, 4)]
+    rounds = []
+    # a captured size, a size padded to 4 (rows past 3 hold the previous round's), a size
+    # padded to 2, one above every size and a (K, budget) never captured: eager
+    for bs, k, budget in ((4, 8, 8), (3, 8, 8), (1, 8, 4), (5, 8, 8), (2, 6, 6)):
+        hidden = torch.randn(bs, 15, 16, generator=gen) * 3
+        got = graphs(hidden, k, budget)
+        want = graphs.eager_round(hidden, k, budget)
+        rounds.append({
+            "bs": bs,
+            "rows": [int(t.shape[0]) for t in _round_tensors(got)],
+            "equal": all(torch.equal(a, b) for a, b in zip(
+                _round_tensors(got), _round_tensors(want), strict=True)),
+        })  # fmt: skip
+    return {"captured": captured, "rounds": rounds, "snapshot": graphs.snapshot()}
+
+
+out["round_graphs"] = round_graphs_case()
+if not V2:
+    # The v1 worker captures them only on one CUDA rank: here (CPU) it declines.
+    worker = object.__new__(TreeWorker)
+    worker.target_worker = types.SimpleNamespace(
+        model_runner=types.SimpleNamespace(
+            model=types.SimpleNamespace(lm_head=types.SimpleNamespace(weight=torch.zeros(4, 2))),
+            device="cpu", graph_runner=None,
+        )
+    )  # fmt: skip
+    worker.tp_rank = 0
+    out["round_graphs"]["worker_on_cpu"] = worker._capture_round_graphs(None) is None
+
 # --- request validation (a stand-in request: validation reads two attributes)
 from sglang.srt.speculative.ddtree_utils import validate_ddtree_request  # noqa: E402
 

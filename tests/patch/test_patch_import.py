@@ -157,6 +157,28 @@ def test_draft_head_is_the_exact_top_k(probe):
         assert head[case]["max_logprob_error"] < 1e-5, case
 
 
+def test_round_graphs_replay_the_round_of_the_next_captured_size(probe):
+    """ddtree_round_graphs.py (every layout ships it): a round replays the graph of the
+    smallest captured batch size at or above its own, and gets exactly the eager round's
+    log-probs, ids and tree, cut to its rows; without a graph for its size or (K, budget)
+    it runs eagerly. Captured by a stand-in that keeps real capture's static buffers."""
+    version, facts = probe
+    graphs = facts["round_graphs"]
+    assert graphs["captured"] == [2, 0, 2]  # sizes 2 and 4 per (K, budget), once
+    assert [r["bs"] for r in graphs["rounds"]] == [4, 3, 1, 5, 2]
+    for r in graphs["rounds"]:
+        assert r["equal"], r
+        assert r["rows"] == [r["bs"]] * 8, r
+    assert graphs["snapshot"] == {
+        "graphs": 4,
+        "sizes": [2, 4],
+        "replayed_rounds": 3,
+        "eager_rounds": 2,
+    }
+    if is_v1(version):
+        assert graphs["worker_on_cpu"] is True
+
+
 def test_request_validation_and_hidden_state_relay(probe):
     version, facts = probe
     validate = facts["validate"]

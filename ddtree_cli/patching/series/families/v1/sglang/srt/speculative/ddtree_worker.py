@@ -27,7 +27,10 @@ copied to pinned memory without a synchronisation.
 Every DDTREE server (fixed budget or auto) times its rounds on the host
 (``ddtree_round_timing.py``, in ``/server_info``) and, at start-up, runs the round's eager
 part once per budget and CUDA-graph batch size so that its Triton kernels compile before the
-first request.
+first request. With ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (one rank, CUDA) it then captures the
+draft head and the tree build in CUDA graphs per batch size, K and budget
+(``ddtree_round_graphs.py``) and replays them instead of launching both from Python; not yet
+run on a GPU, so off by default.
 
 Run on an H200 (0.5.13, the 8B-cost pair; docs/performance.md): lossless, the budget follows
 the batch. With one observed round in four, K = the round's budget and the start-up warm-up,
@@ -52,6 +55,10 @@ from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
 from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput
+from sglang.srt.speculative.ddtree_round_graphs import (
+    DraftRoundGraphs,
+    round_graphs_requested,
+)
 from sglang.srt.speculative.ddtree_round_timing import RoundTiming
 from sglang.srt.speculative.ddtree_utils import (
     check_ddtree_algorithm,
@@ -92,6 +99,10 @@ def check_ddtree_worker_args(server_args: ServerArgs) -> SpeculativeAlgorithm:
 
 class DDTreeWorker(DFlashWorker):
     """DDTree speculative decoding worker (spec-v1, tp>=1, pp=1, page_size 1)."""
+
+    # SGLANG_DDTREE_ROUND_GRAPHS: set by __init__ when they are captured. A class default,
+    # so that it reads None before then (DFlashWorker forwards unknown attributes).
+    _round_graphs: Optional[DraftRoundGraphs] = None
 
     def __init__(
         self,
@@ -141,6 +152,8 @@ class DDTreeWorker(DFlashWorker):
         if self.policy is not None:
             self._init_budget_auto()
         self._warm_eager_kernels(get_tp_group())
+        if round_graphs_requested():
+            self._round_graphs = self._capture_round_graphs(get_tp_group())
         if self.tp_rank == 0:
             logger.info(
                 "DDTREE worker ready. budget=%s, top_k<=%d, draft block_size=%d, "
@@ -252,6 +265,57 @@ class DDTreeWorker(DFlashWorker):
             )
         return warmed
 
+    def _capture_round_graphs(self, tp_group) -> Optional[DraftRoundGraphs]:
+        """``SGLANG_DDTREE_ROUND_GRAPHS=1``: the draft head and the tree build captured per
+        CUDA-graph batch size and (K, budget) the rounds use: (budget, budget) for every
+        budget, and under auto (largest, budget) for the probe rounds. None (and a warning)
+        where it does not apply: more than one rank, not CUDA, no vocab-parallel head."""
+        runner = self.target_worker.model_runner
+        lm_head = getattr(runner.model, "lm_head", None)
+        tp_size = int(getattr(tp_group, "world_size", 1) or 1)
+        why = None
+        if lm_head is None or not hasattr(lm_head, "weight"):
+            why = "the target has no vocab-parallel lm_head"
+        elif tp_size > 1:
+            why = f"tensor parallelism ({tp_size} ranks): the head's merge is a collective"
+        elif torch.device(runner.device).type != "cuda":
+            why = "not on a CUDA device"
+        if why is not None:
+            if self.tp_rank == 0:
+                logger.warning("DDTREE round graphs not used: %s.", why)
+            return None
+        graphs = runner.graph_runner
+        sizes = sorted(set(getattr(graphs, "capture_bs", None) or [1, 2, 16]))
+        round_graphs = DraftRoundGraphs(
+            lambda hidden, k: draft_topk_logprobs(hidden, lm_head, k, tp_group),
+            ddtree_tree.build_tree_from_topk,
+            sizes=sizes,
+            n_pos=self.block_size - 1,
+            hidden_size=lm_head.weight.shape[1],
+            dtype=lm_head.weight.dtype,
+            device=runner.device,
+        )
+        budgets = self.policy.budgets if self.policy is not None else (self.budget,)
+        started = time.perf_counter()
+        # no_grad, not inference_mode: the graphs' buffers must take the in-place copy of
+        # each round's hidden states whatever grad mode the scheduler serves under.
+        with torch.no_grad():
+            for budget in budgets:
+                round_graphs.capture(budget, budget)
+                if self.policy is not None and budget < self.budget:
+                    round_graphs.capture(self.budget, budget)  # probe rounds
+        torch.cuda.synchronize(runner.device)
+        if self.tp_rank == 0:
+            logger.info(
+                "DDTREE round graphs: %d captured (head + tree; budgets %s x batch sizes "
+                "%s) in %.1f s",
+                round_graphs.snapshot()["graphs"],
+                list(budgets),
+                sizes,
+                time.perf_counter() - started,
+            )
+        return round_graphs
+
     # Under auto: rounds per observed round, besides the policy's own (exploration,
     # re-timing, probes). On the H200 an observed round cost ~1.2 ms of host time.
     OBSERVE_EVERY = 16
@@ -343,6 +407,8 @@ class DDTreeWorker(DFlashWorker):
         timing (``ddtree_round_timing.py``) and, under budget auto, the policy's state
         (budget per batch bucket, round times, calibration, recent changes)."""
         state = {"speculative_ddtree_round_timing": self.round_timing.snapshot()}
+        if self._round_graphs is not None:
+            state["speculative_ddtree_round_graphs"] = self._round_graphs.snapshot()
         if self.policy is not None:
             state["speculative_ddtree_budget_policy"] = self.policy.snapshot()
         return state
@@ -372,10 +438,14 @@ class DDTreeWorker(DFlashWorker):
         budget = self.budget if current is None else current.plan.budget
         probe = current is not None and current.plan.probe and budget < self.budget
         self.round_budget = budget
-        logprobs, ids = draft_topk_logprobs(
-            draft_hidden[:, 1:, :], lm_head, self.budget if probe else budget, get_tp_group()
-        )
-        tree = ddtree_tree.build_tree_from_topk(logprobs, ids, budget)
+        head_k = self.budget if probe else budget
+        if self._round_graphs is not None:
+            logprobs, ids, tree = self._round_graphs(draft_hidden[:, 1:, :], head_k, budget)
+        else:
+            logprobs, ids = draft_topk_logprobs(
+                draft_hidden[:, 1:, :], lm_head, head_k, get_tp_group()
+            )
+            tree = ddtree_tree.build_tree_from_topk(logprobs, ids, budget)
         verify_input = DDTreeVerifyInput.from_tree(
             tree,
             root_tokens=block_ids[:, 0],

@@ -1,0 +1,155 @@
+"""The draft head and the tree build of a DDTREE round, replayed from CUDA graphs.
+
+Between the draft's graph replay and the target's, a DDTREE round runs the draft head (the
+target's LM head over the drafted positions, then the top-K log-probs: a matrix product and
+two Triton launches per 256 rows) and the tree build (one Triton launch), each with its
+output allocations, from Python: on the H200 the round's build (these and the verify inputs)
+took about 1 ms of host time, about 9 % of a batch-1 round. Their shapes depend only on the
+batch size, the head's K and the budget, so they can be captured once per
+(batch size, K, budget) and replayed with one launch.
+
+``DraftRoundGraphs`` captures them at start-up for the batch sizes the target's CUDA graphs
+cover. A round of batch ``bs`` replays the graph of the smallest captured size >= ``bs``:
+the drafted hidden states are copied into the graph's input rows, the rows past ``bs`` keep
+whatever they held (requests are independent in the head and the tree), and the outputs
+are the graph's own buffers cut to ``bs`` rows, valid until the next replay of the same
+graph (the next round). Anything it has no graph for runs eagerly, as before.
+
+Opt-in (``SGLANG_DDTREE_ROUND_GRAPHS=1``) until measured on a GPU; one rank only (the head's
+tensor-parallel merge is a collective, not captured here).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+
+logger = logging.getLogger(__name__)
+
+ENV = "SGLANG_DDTREE_ROUND_GRAPHS"
+
+
+def round_graphs_requested() -> bool:
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _cuda_capture(fn: Callable[[], Any], pool: Any) -> Tuple[Callable[[], None], Any]:
+    """Capture ``fn()`` into a CUDA graph: (replay, the outputs captured)."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        out = fn()
+    return graph.replay, out
+
+
+def _cuda_pool() -> Any:
+    import torch
+
+    return torch.cuda.graph_pool_handle()
+
+
+def _rows(tree: Any, bs: int) -> Any:
+    """A DraftTree's first ``bs`` requests (views of its buffers)."""
+    import dataclasses
+
+    return dataclasses.replace(
+        tree,
+        tokens=tree.tokens[:bs],
+        parents=tree.parents[:bs],
+        depths=tree.depths[:bs],
+        visibility=tree.visibility[:bs],
+        num_nodes=tree.num_nodes[:bs],
+        scores=None if tree.scores is None else tree.scores[:bs],
+    )
+
+
+class DraftRoundGraphs:
+    """``head(hidden, K)`` then ``build(log-probs, ids, budget)``, one graph per
+    (captured batch size, K, budget); see the module's docstring.
+
+    ``head`` maps hidden states ``[bs, L, H]`` and K to ``(logprobs, ids)`` ``[bs, L, K]``;
+    ``build`` is ``ddtree_tree.build_tree_from_topk``. ``capture_fn`` / ``pool_fn`` default
+    to CUDA graphs (tests pass stand-ins that replay by calling)."""
+
+    def __init__(
+        self,
+        head: Callable[[Any, int], Tuple[Any, Any]],
+        build: Callable[[Any, Any, int], Any],
+        *,
+        sizes: Iterable[int],
+        n_pos: int,
+        hidden_size: int,
+        dtype: Any,
+        device: Any,
+        capture_fn: Optional[Callable] = None,
+        pool_fn: Optional[Callable] = None,
+    ):
+        self.head = head
+        self.build = build
+        self.sizes = sorted({int(s) for s in sizes if int(s) > 0})
+        self.n_pos = int(n_pos)
+        self.hidden_size = int(hidden_size)
+        self.dtype = dtype
+        self.device = device
+        self._capture = capture_fn or _cuda_capture
+        self._pool = (pool_fn or _cuda_pool)()
+        self._graphs: Dict[Tuple[int, int, int], Tuple[Any, Callable[[], None], Any]] = {}
+        self.replays = 0  # rounds served from a graph
+        self.eager = 0  # rounds that had none
+
+    def eager_round(self, hidden: Any, k: int, budget: int) -> Tuple[Any, Any, Any]:
+        logprobs, ids = self.head(hidden, k)
+        return logprobs, ids, self.build(logprobs, ids, budget)
+
+    def capture(self, k: int, budget: int) -> int:
+        """Capture (K, budget) at every size; returns how many graphs were captured. Each
+        is run once eagerly first (compiled kernels, cached tables, library handles)."""
+        import torch
+
+        done = 0
+        for size in self.sizes:
+            key = (size, int(k), int(budget))
+            if key in self._graphs:
+                continue
+            static = torch.zeros(
+                (size, self.n_pos, self.hidden_size), dtype=self.dtype, device=self.device
+            )
+            self.eager_round(static, k, budget)
+
+            def fn(static=static, k=k, budget=budget):
+                return self.eager_round(static, k, budget)
+
+            replay, out = self._capture(fn, self._pool)
+            self._graphs[key] = (static, replay, out)
+            done += 1
+        return done
+
+    def size_for(self, bs: int) -> Optional[int]:
+        return next((s for s in self.sizes if s >= bs), None)
+
+    def __call__(self, hidden: Any, k: int, budget: int) -> Tuple[Any, Any, Any]:
+        """This round's ``(logprobs, ids, tree)`` for ``hidden [bs, L, H]``."""
+        bs = int(hidden.shape[0])
+        size = self.size_for(bs)
+        entry = None if size is None else self._graphs.get((size, int(k), int(budget)))
+        if entry is None or tuple(hidden.shape[1:]) != (self.n_pos, self.hidden_size):
+            self.eager += 1
+            return self.eager_round(hidden, k, budget)
+        static, replay, (logprobs, ids, tree) = entry
+        static[:bs].copy_(hidden)
+        replay()
+        self.replays += 1
+        if size == bs:
+            return logprobs, ids, tree
+        return logprobs[:bs], ids[:bs], _rows(tree, bs)
+
+    def snapshot(self) -> dict:
+        """For ``/server_info``: the graphs held and how many rounds used them."""
+        return {
+            "graphs": len(self._graphs),
+            "sizes": list(self.sizes),
+            "replayed_rounds": self.replays,
+            "eager_rounds": self.eager,
+        }
