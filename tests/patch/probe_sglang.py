@@ -973,6 +973,17 @@ def draft_head_case(num_org, padded, added, added_start, k, chunk_size):
     }
 
 
+def stand_in_head():
+    """A one-part vocab-parallel head (50 tokens, hidden 16) for the warm-up and graphs."""
+    return types.SimpleNamespace(
+        weight=torch.randn(50, 16, generator=gen),
+        shard_indices=types.SimpleNamespace(
+            num_org_elements=50, num_org_elements_padded=50, num_added_elements=0,
+            org_vocab_start_index=0, added_vocab_start_index=50,
+        ),
+    )  # fmt: skip
+
+
 out["draft_head"] = {
     # one part: the direct path; 45 rows in chunks of 16 (three chunks, the last short)
     "one_part": draft_head_case(50, 50, 0, 0, k=8, chunk_size=16),
@@ -987,13 +998,7 @@ if not V2:
     from sglang.srt.speculative.ddtree_worker import candidate_tensors  # noqa: E402
 
     def warm_case(budget, capture_bs, auto):
-        head = types.SimpleNamespace(
-            weight=torch.randn(50, 16, generator=gen),
-            shard_indices=types.SimpleNamespace(
-                num_org_elements=50, num_org_elements_padded=50, num_added_elements=0,
-                org_vocab_start_index=0, added_vocab_start_index=50,
-            ),
-        )  # fmt: skip
+        head = stand_in_head()
         worker = object.__new__(TreeWorker)
         runner = types.SimpleNamespace(
             model=types.SimpleNamespace(lm_head=head), device="cpu",
@@ -1039,13 +1044,7 @@ def _capture_by_call(fn, pool):
 
 
 def round_graphs_case():
-    head = types.SimpleNamespace(
-        weight=torch.randn(50, 16, generator=gen),
-        shard_indices=types.SimpleNamespace(
-            num_org_elements=50, num_org_elements_padded=50, num_added_elements=0,
-            org_vocab_start_index=0, added_vocab_start_index=50,
-        ),
-    )  # fmt: skip
+    head = stand_in_head()
     graphs = DraftRoundGraphs(
         lambda hidden, k: draft_topk_logprobs(hidden, head, k, None),
         ddtree_tree.build_tree_from_topk,
