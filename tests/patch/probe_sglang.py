@@ -1023,7 +1023,10 @@ if not V2:
 # its input rows and the cut of its outputs, on the CPU. A stand-in for CUDA-graph capture
 # keeps what real capture keeps (the outputs' buffers, written again by every replay): its
 # replay runs the captured call on the graph's input buffer and copies the result in.
-from sglang.srt.speculative.ddtree_round_graphs import DraftRoundGraphs  # noqa: E402
+from sglang.srt.speculative.ddtree_round_graphs import (  # noqa: E402
+    DraftRoundGraphs,
+    RoundGraphsError,
+)
 
 _TREE_FIELDS = ("tokens", "parents", "depths", "visibility", "num_nodes", "scores")
 
@@ -1043,14 +1046,42 @@ def _capture_by_call(fn, pool):
     return replay, out
 
 
-def round_graphs_case():
-    head = stand_in_head()
-    graphs = DraftRoundGraphs(
+def round_graphs_for(head, capture_fn):
+    return DraftRoundGraphs(
         lambda hidden, k: draft_topk_logprobs(hidden, head, k, None),
         ddtree_tree.build_tree_from_topk,
         sizes=[4, 2], n_pos=15, hidden_size=16, dtype=torch.float32, device="cpu",
-        capture_fn=_capture_by_call, pool_fn=lambda: None,
+        capture_fn=capture_fn, pool_fn=lambda: None,
     )  # fmt: skip
+
+
+def round_graphs_failing(head):
+    """The second capture fails (as a CUDA op that cannot be captured would): every graph
+    is dropped and the rounds run eagerly."""
+    calls = []
+
+    def capture_fn(fn, pool):
+        calls.append(fn)
+        if len(calls) == 2:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return _capture_by_call(fn, pool)
+
+    graphs = round_graphs_for(head, capture_fn)
+    try:
+        graphs.capture(8, 8)
+        error = None
+    except RoundGraphsError as exc:
+        error = str(exc)
+    hidden = torch.randn(2, 15, 16, generator=gen)
+    got, want = graphs(hidden, 8, 8), graphs.eager_round(hidden, 8, 8)
+    equal = all(torch.equal(a, b) for a, b in
+                zip(_round_tensors(got), _round_tensors(want), strict=True))  # fmt: skip
+    return {"error": error, "snapshot": graphs.snapshot(), "equal": equal}
+
+
+def round_graphs_case():
+    head = stand_in_head()
+    graphs = round_graphs_for(head, _capture_by_call)
     captured = [graphs.capture(8, 8), graphs.capture(8, 8), graphs.capture(8, 4)]
     rounds = []
     # a captured size, a size padded to 4 (rows past 3 hold the previous round's), a size
@@ -1065,7 +1096,12 @@ def round_graphs_case():
             "equal": all(torch.equal(a, b) for a, b in zip(
                 _round_tensors(got), _round_tensors(want), strict=True)),
         })  # fmt: skip
-    return {"captured": captured, "rounds": rounds, "snapshot": graphs.snapshot()}
+    return {
+        "captured": captured,
+        "rounds": rounds,
+        "snapshot": graphs.snapshot(),
+        "failed": round_graphs_failing(head),
+    }
 
 
 out["round_graphs"] = round_graphs_case()
@@ -1080,6 +1116,11 @@ if not V2:
     )  # fmt: skip
     worker.tp_rank = 0
     out["round_graphs"]["worker_on_cpu"] = worker._capture_round_graphs(None) is None
+    # Told it is on CUDA where there is none: the capture fails and it serves without them.
+    worker.target_worker.model_runner.device = "cuda"
+    worker.target_worker.model_runner.model.lm_head = stand_in_head()
+    worker.block_size, worker.budget, worker.policy = 16, 15, None
+    out["round_graphs"]["worker_capture_fails"] = worker._capture_round_graphs(None) is None
 
 # --- request validation (a stand-in request: validation reads two attributes)
 from sglang.srt.speculative.ddtree_utils import validate_ddtree_request  # noqa: E402

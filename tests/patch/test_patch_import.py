@@ -175,8 +175,18 @@ def test_round_graphs_replay_the_round_of_the_next_captured_size(probe):
         "replayed_rounds": 3,
         "eager_rounds": 2,
     }
+    # A capture that fails drops every graph: the rounds run eagerly, and the worker
+    # serves without them (it logs the error).
+    failed = graphs["failed"]
+    assert failed["error"] == (
+        "capturing batch size 4, K 8, budget 8: "
+        "RuntimeError: operation not permitted when stream is capturing"
+    )
+    assert failed["snapshot"]["graphs"] == 0 and failed["snapshot"]["eager_rounds"] == 1
+    assert failed["equal"]
     if is_v1(version):
         assert graphs["worker_on_cpu"] is True
+        assert graphs["worker_capture_fails"] is True
 
 
 def test_request_validation_and_hidden_state_relay(probe):

@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 ENV = "SGLANG_DDTREE_ROUND_GRAPHS"
 
 
+class RoundGraphsError(RuntimeError):
+    """A capture failed; no graph is held any more."""
+
+
 def round_graphs_requested() -> bool:
     return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -105,7 +109,9 @@ class DraftRoundGraphs:
 
     def capture(self, k: int, budget: int) -> int:
         """Capture (K, budget) at every size; returns how many graphs were captured. Each
-        is run once eagerly first (compiled kernels, cached tables, library handles)."""
+        is run once eagerly first (compiled kernels, cached tables, library handles). A
+        capture that fails drops every graph held (all rounds run eagerly, as without
+        them) and raises ``RoundGraphsError`` with the cause."""
         import torch
 
         done = 0
@@ -116,12 +122,19 @@ class DraftRoundGraphs:
             static = torch.zeros(
                 (size, self.n_pos, self.hidden_size), dtype=self.dtype, device=self.device
             )
-            self.eager_round(static, k, budget)
 
             def fn(static=static, k=k, budget=budget):
                 return self.eager_round(static, k, budget)
 
-            replay, out = self._capture(fn, self._pool)
+            try:
+                fn()
+                replay, out = self._capture(fn, self._pool)
+            except Exception as exc:
+                self._graphs.clear()
+                raise RoundGraphsError(
+                    f"capturing batch size {size}, K {k}, budget {budget}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             self._graphs[key] = (static, replay, out)
             done += 1
         return done

@@ -57,6 +57,7 @@ from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
 from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput
 from sglang.srt.speculative.ddtree_round_graphs import (
     DraftRoundGraphs,
+    RoundGraphsError,
     round_graphs_requested,
 )
 from sglang.srt.speculative.ddtree_round_timing import RoundTiming
@@ -286,24 +287,31 @@ class DDTreeWorker(DFlashWorker):
             return None
         graphs = runner.graph_runner
         sizes = sorted(set(getattr(graphs, "capture_bs", None) or [1, 2, 16]))
-        round_graphs = DraftRoundGraphs(
-            lambda hidden, k: draft_topk_logprobs(hidden, lm_head, k, tp_group),
-            ddtree_tree.build_tree_from_topk,
-            sizes=sizes,
-            n_pos=self.block_size - 1,
-            hidden_size=lm_head.weight.shape[1],
-            dtype=lm_head.weight.dtype,
-            device=runner.device,
-        )
         budgets = self.policy.budgets if self.policy is not None else (self.budget,)
         started = time.perf_counter()
         # no_grad, not inference_mode: the graphs' buffers must take the in-place copy of
         # each round's hidden states whatever grad mode the scheduler serves under.
-        with torch.no_grad():
-            for budget in budgets:
-                round_graphs.capture(budget, budget)
-                if self.policy is not None and budget < self.budget:
-                    round_graphs.capture(self.budget, budget)  # probe rounds
+        try:
+            round_graphs = DraftRoundGraphs(
+                lambda hidden, k: draft_topk_logprobs(hidden, lm_head, k, tp_group),
+                ddtree_tree.build_tree_from_topk,
+                sizes=sizes,
+                n_pos=self.block_size - 1,
+                hidden_size=lm_head.weight.shape[1],
+                dtype=lm_head.weight.dtype,
+                device=runner.device,
+            )
+            with torch.no_grad():
+                for budget in budgets:
+                    round_graphs.capture(budget, budget)
+                    if self.policy is not None and budget < self.budget:
+                        round_graphs.capture(self.budget, budget)  # probe rounds
+        except (RoundGraphsError, RuntimeError, AssertionError) as exc:
+            # Opt-in and not yet run on a GPU: serve as without them rather than not at all
+            # (a failed capture drops every graph; the pool itself may fail to exist).
+            if self.tp_rank == 0:
+                logger.warning("DDTREE round graphs not used: %s", exc)
+            return None
         torch.cuda.synchronize(runner.device)
         if self.tp_rank == 0:
             logger.info(
