@@ -47,6 +47,9 @@ class CheckResult:
     match: Match
     state: State
     files: list[FileState]
+    # OUTDATED: per file either version of the series touches, what an update starts from
+    # and writes (``_update_targets``), computed once here for plan and apply.
+    update: list[_Target] | None = field(default=None, repr=False)
 
     @property
     def series_version(self) -> str:
@@ -132,7 +135,7 @@ def check(snapshot: Snapshot, *, force: bool = False, match: Match | None = None
                 else FileState(u.path, State.APPLIED)
                 for u in update
             ]
-            return CheckResult(snapshot, match, State.OUTDATED, files)
+            return CheckResult(snapshot, match, State.OUTDATED, files, update)
     files = [_file_state(match.series, snapshot, rel, manifest) for rel in match.series.touched]
     return CheckResult(snapshot, match, _overall(files), files)
 
@@ -188,15 +191,20 @@ def _update_targets(match: Match, snapshot: Snapshot, manifest: dict) -> list[_T
 
 def plan(snapshot: Snapshot, *, force: bool = False) -> tuple[Match, list[FileChange]]:
     """Every change apply would make, computed in memory. Empty when already applied."""
+    result, changes = _plan(snapshot, force=force)
+    return result.match, changes
+
+
+def _plan(snapshot: Snapshot, *, force: bool) -> tuple[CheckResult, list[FileChange]]:
+    """The snapshot's state and the changes that would bring it to this series."""
     match = identify(snapshot, force=force)
     series, forced = match.series, match.forced
     result = check(snapshot, force=force, match=match)
     if result.state is State.APPLIED:
-        return match, []
+        return result, []
     if result.state is State.OUTDATED:
-        update = _update_targets(match, snapshot, _manifest(snapshot)) or []
-        return match, [FileChange(u.path, u.current, u.target) for u in update
-                       if u.current != u.target]  # fmt: skip
+        return result, [FileChange(u.path, u.current, u.target) for u in result.update
+                        if u.current != u.target]  # fmt: skip
     if result.state is State.DRIFTED and not force:
         if _manifest(snapshot) is not None:
             raise DdtreeError(
@@ -230,7 +238,7 @@ def plan(snapshot: Snapshot, *, force: bool = False) -> tuple[Match, list[FileCh
             after = series.new_content(rel)
         if before != after:
             changes.append(FileChange(rel, before, after))
-    return match, changes
+    return result, changes
 
 
 def _drift_summary(files: list[FileState]) -> str:
@@ -355,75 +363,63 @@ def _write_state(
 
 
 def apply(snapshot: Snapshot, *, force: bool = False) -> ApplyResult:
-    match, changes = plan(snapshot, force=force)
+    checked, changes = _plan(snapshot, force=force)
+    match = checked.match
     series, forced = match.series, match.forced
     result = ApplyResult(snapshot, series.version, match, forced=forced)
     if not changes:
         result.already_applied = True
         return result
-    if check(snapshot, force=force, match=match).state is State.OUTDATED:
-        return _apply_update(snapshot, match, changes, result)
     for change in changes:
-        _compile(change.path, change.after)
-    if snapshot.state_dir.exists():
+        if change.after is not None:
+            _compile(change.path, change.after)
+    if checked.state is State.OUTDATED:
+        # Bring a snapshot patched by another version of the series to this one's: the new
+        # record is what a fresh patch of the release writes (every file whose target
+        # differs from the release's, in the series' order, the release's originals kept
+        # from the old record), so that ``--revert`` still restores the release.
+        targets = {u.path: u for u in checked.update}
+        recorded = [FileChange(rel, targets[rel].original, targets[rel].target)
+                    for rel in series.touched
+                    if rel in targets and targets[rel].original != targets[rel].target]  # fmt: skip
+        result.updated = True
+    elif snapshot.state_dir.exists():
         raise DdtreeError(
             f"{snapshot.state_dir} exists but the snapshot is not fully patched",
             hint="run `ddtree patch --revert --force` to restore the originals first",
         )
-    state_tmp = _write_state(snapshot, series, changes, forced)
-    writes: dict[str, bytes | None] = {c.path: c.after for c in changes}
-    originals = {c.path: c.before for c in changes}
-    try:
-        commit_files(snapshot.root, writes, originals)
-        try:
-            os.replace(state_tmp, snapshot.state_dir)
-        except BaseException:
-            _rollback(snapshot.root, list(writes), originals)
-            raise
-    finally:
-        if state_tmp.exists():
-            shutil.rmtree(state_tmp, ignore_errors=True)
-    # Compile what is now on disk, so a write that went wrong is caught, not shipped.
-    for change in changes:
-        _compile(change.path, (snapshot.root / change.path).read_bytes())
+    else:
+        recorded = changes
+    _commit(snapshot, changes, _write_state(snapshot, series, recorded, forced))
     result.changed = [c.path for c in changes]
-    result.compiled = [c.path for c in changes if c.path.endswith(".py")]
+    result.compiled = [c.path for c in changes if c.after is not None and c.path.endswith(".py")]
     return result
 
 
-def _apply_update(
-    snapshot: Snapshot, match: Match, changes: list[FileChange], result: ApplyResult
-) -> ApplyResult:
-    """Bring a snapshot patched by another version of the series to this one's, all or
-    nothing: the changed files and a new state folder (the release's originals, kept from
-    the old one, so that ``--revert`` still restores the release)."""
-    update = _update_targets(match, snapshot, _manifest(snapshot)) or []
-    for change in changes:
-        if change.after is not None:
-            _compile(change.path, change.after)
-    # The new record, as a fresh patch of the release writes it: every file whose target
-    # differs from the release's, in the series' order.
-    targets = {u.path: u for u in update}
-    patched = [FileChange(rel, targets[rel].original, targets[rel].target)
-               for rel in match.series.touched
-               if rel in targets and targets[rel].original != targets[rel].target]  # fmt: skip
-    state_tmp = _write_state(snapshot, match.series, patched, match.forced)
+def _commit(snapshot: Snapshot, changes: list[FileChange], state_tmp: Path) -> None:
+    """Write ``changes`` and put ``state_tmp`` in place of the state folder (replacing an
+    older one), all or nothing; then compile what is now on disk, so that a write that went
+    wrong is caught, not shipped."""
     writes: dict[str, bytes | None] = {c.path: c.after for c in changes}
-    current = {c.path: c.before for c in changes}
-    old_state = snapshot.state_dir.with_name(snapshot.state_dir.name + ".old")
+    before = {c.path: c.before for c in changes}
+    state_dir = snapshot.state_dir
+    old_state = state_dir.with_name(state_dir.name + ".old")
+    replacing = state_dir.exists()
     shutil.rmtree(old_state, ignore_errors=True)
     try:
-        commit_files(snapshot.root, writes, current)
+        commit_files(snapshot.root, writes, before)
         try:
             with _sigint_deferred():
-                os.replace(snapshot.state_dir, old_state)
+                if replacing:
+                    os.replace(state_dir, old_state)
                 try:
-                    os.replace(state_tmp, snapshot.state_dir)
+                    os.replace(state_tmp, state_dir)
                 except BaseException:
-                    os.replace(old_state, snapshot.state_dir)
+                    if replacing:
+                        os.replace(old_state, state_dir)
                     raise
         except BaseException:
-            _rollback(snapshot.root, list(writes), current)
+            _rollback(snapshot.root, list(writes), before)
             raise
     finally:
         if state_tmp.exists():
@@ -432,10 +428,6 @@ def _apply_update(
     for change in changes:
         if change.after is not None:
             _compile(change.path, (snapshot.root / change.path).read_bytes())
-    result.changed = [c.path for c in changes]
-    result.compiled = [c.path for c in changes if c.after is not None and c.path.endswith(".py")]
-    result.updated = True
-    return result
 
 
 @dataclass

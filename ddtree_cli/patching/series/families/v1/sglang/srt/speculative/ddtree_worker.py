@@ -57,7 +57,6 @@ from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
 from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput
 from sglang.srt.speculative.ddtree_round_graphs import (
     DraftRoundGraphs,
-    RoundGraphsError,
     round_graphs_requested,
 )
 from sglang.srt.speculative.ddtree_round_timing import RoundTiming
@@ -215,6 +214,20 @@ class DDTreeWorker(DFlashWorker):
             backend.num_draft_tokens = self.verify_width
         runner.graph_runner = widest
 
+    def _target_lm_head(self):
+        """The target's vocab-parallel LM head (the draft head's), None without one."""
+        lm_head = getattr(self.target_worker.model_runner.model, "lm_head", None)
+        return lm_head if lm_head is not None and hasattr(lm_head, "weight") else None
+
+    def _graph_batch_sizes(self) -> list:
+        """The batch sizes the target's CUDA graphs cover (1, 2 and 16 without graphs)."""
+        graphs = self.target_worker.model_runner.graph_runner
+        return sorted(set(getattr(graphs, "capture_bs", None) or [1, 2, 16]))
+
+    def _round_budgets(self) -> tuple:
+        """The budgets this server's rounds verify at: its own, or auto's candidates."""
+        return self.policy.budgets if self.policy is not None else (self.budget,)
+
     def _warm_eager_kernels(self, tp_group) -> list:
         """Run the round's eager part (draft head, tree, verify inputs and, under auto, the
         tree statistics) once per budget this server verifies at and per batch size its
@@ -225,12 +238,10 @@ class DDTreeWorker(DFlashWorker):
         rank runs the same calls (the head's tensor-parallel merge is collective). Returns
         the (batch size, budget) pairs run."""
         runner = self.target_worker.model_runner
-        lm_head = getattr(runner.model, "lm_head", None)
-        if lm_head is None or not hasattr(lm_head, "weight"):
+        lm_head = self._target_lm_head()
+        if lm_head is None:
             return []
-        graphs = runner.graph_runner
-        sizes = sorted(set(getattr(graphs, "capture_bs", None) or [1, 2, 16]))
-        budgets = self.policy.budgets if self.policy is not None else (self.budget,)
+        sizes, budgets = self._graph_batch_sizes(), self._round_budgets()
         started = time.perf_counter()
         warmed = []
         n_pos = self.block_size - 1
@@ -272,10 +283,10 @@ class DDTreeWorker(DFlashWorker):
         budget, and under auto (largest, budget) for the probe rounds. None (and a warning)
         where it does not apply: more than one rank, not CUDA, no vocab-parallel head."""
         runner = self.target_worker.model_runner
-        lm_head = getattr(runner.model, "lm_head", None)
+        lm_head = self._target_lm_head()
         tp_size = int(getattr(tp_group, "world_size", 1) or 1)
         why = None
-        if lm_head is None or not hasattr(lm_head, "weight"):
+        if lm_head is None:
             why = "the target has no vocab-parallel lm_head"
         elif tp_size > 1:
             why = f"tensor parallelism ({tp_size} ranks): the head's merge is a collective"
@@ -285,9 +296,7 @@ class DDTreeWorker(DFlashWorker):
             if self.tp_rank == 0:
                 logger.warning("DDTREE round graphs not used: %s.", why)
             return None
-        graphs = runner.graph_runner
-        sizes = sorted(set(getattr(graphs, "capture_bs", None) or [1, 2, 16]))
-        budgets = self.policy.budgets if self.policy is not None else (self.budget,)
+        sizes, budgets = self._graph_batch_sizes(), self._round_budgets()
         started = time.perf_counter()
         # no_grad, not inference_mode: the graphs' buffers must take the in-place copy of
         # each round's hidden states whatever grad mode the scheduler serves under.
@@ -306,9 +315,10 @@ class DDTreeWorker(DFlashWorker):
                     round_graphs.capture(budget, budget)
                     if self.policy is not None and budget < self.budget:
                         round_graphs.capture(self.budget, budget)  # probe rounds
-        except (RoundGraphsError, RuntimeError, AssertionError) as exc:
+        except (RuntimeError, AssertionError) as exc:
             # Opt-in and not yet run on a GPU: serve as without them rather than not at all
-            # (a failed capture drops every graph; the pool itself may fail to exist).
+            # (a failed capture, RoundGraphsError, drops every graph; the buffers or the
+            # pool may fail to exist at all).
             if self.tp_rank == 0:
                 logger.warning("DDTREE round graphs not used: %s", exc)
             return None
