@@ -20,18 +20,25 @@ import sys
 from pathlib import Path
 
 # Arms under test: ``ddtree-bN`` (a fixed budget) and ``ddtree-auto`` (the budget chosen per
-# round, ``crossover.py --auto``), which sorts after every number.
-ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))$")
+# round, ``crossover.py --auto``), which sorts after every number; either with ``-graphs``
+# (``crossover.py --graphs``: the same server with the round's head and tree replayed from
+# CUDA graphs), which sorts after the arms without.
+ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))(-graphs)?$")
 
 
 def arm_budget(arm: str) -> int | str:
-    """``ddtree-b64`` -> 64, ``ddtree-auto`` -> ``"auto"``."""
-    number, auto = ARM.match(arm).groups()
-    return int(number) if number is not None else auto
+    """``ddtree-b64`` -> 64, ``ddtree-auto`` -> ``"auto"``, ``ddtree-b15-graphs`` ->
+    ``"15 graphs"``, ``ddtree-auto-graphs`` -> ``"auto graphs"``."""
+    number, auto, graphs = ARM.match(arm).groups()
+    budget = int(number) if number is not None else auto
+    return f"{budget} graphs" if graphs else budget
 
 
 def budget_order(budget: int | str) -> tuple:
-    return (1, 0) if budget == "auto" else (0, budget)
+    text = str(budget)
+    graphs = text.endswith(" graphs")
+    base = text.removesuffix(" graphs")
+    return (int(graphs), 1, 0) if base == "auto" else (int(graphs), 0, int(base))
 
 
 def cells(results: Path) -> list[dict]:

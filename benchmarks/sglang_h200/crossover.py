@@ -23,7 +23,11 @@ means "call again"):
    timing, the same way, as ``A-cN.round-timing.json``) against DFLASH, plain timed as
    the reference, ``--prompts-per`` prompts at that concurrency (``--no-agree``: no small
    pair and no step 4; a budget-auto server that exits at start-up is recorded as
-   ``auto_failed`` in ``progress.json`` and the map goes on without it);
+   ``auto_failed`` in ``progress.json`` and the map goes on without it; ``--graphs 15,auto``
+   adds ``ddtree-b15-graphs`` and ``ddtree-auto-graphs``, the same servers started with
+   ``SGLANG_DDTREE_ROUND_GRAPHS=1``, whose ``/server_info`` round-graph state goes to
+   ``A-cN.round-graphs.json``; phase A's servers must fit on the GPU together: five 8B-cost
+   servers do);
 6. ``profile-ARM-cN``: SGLang's profiler over 20 decode steps of DFLASH and DDTREE at the
    profile budgets (and the budget-auto server with ``--auto``), at each profile
    concurrency (summaries only; the traces are dropped);
@@ -84,16 +88,42 @@ def commands(state: Path, args, ckpt: str, arms: list[tuple], version: str) -> d
             for name, arm, budget, port in arms}  # fmt: skip
 
 
-def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool = False) -> dict:
+def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool = False,
+                graphs: tuple = ()) -> dict:  # fmt: skip
     """One phase: the scaled pair's plain, DFLASH and one DDTREE server per budget on base,
     base + 1, base + 2 + slot (a budget keeps its slot in both phases); with ``auto`` also a
-    DDTREE server with ``--speculative-ddtree-budget auto`` (``ddtree-nauto``) after them."""
+    DDTREE server with ``--speculative-ddtree-budget auto`` (``ddtree-nauto``) after them;
+    then one ``ddtree-gB`` server per entry of ``graphs`` (a budget or ``auto``), the same
+    DDTREE server started with ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (the round's draft head and
+    tree build replayed from CUDA graphs), so that both run side by side in one bench."""
     every = args.budgets_a + args.budgets_b
     arms = [("plain", "plain", None, args.base), ("dflash", "dflash", None, args.base + 1)]
     arms += [(f"ddtree-n{b}", "ddtree", b, args.base + 2 + every.index(b)) for b in budgets]
     if auto:
         arms.append(("ddtree-nauto", "ddtree", "auto", args.base + 2 + len(every)))
-    return commands(state, args, args.ckpt, arms, version)
+    out = commands(state, args, args.ckpt, arms, version)
+    graph_arms = [(f"ddtree-g{b}", "ddtree", b, args.base + 3 + len(every) + i)
+                  for i, b in enumerate(graphs)]  # fmt: skip
+    for name, (port, cmd) in commands(state, args, args.ckpt, graph_arms, version).items():
+        out[name] = (port, ["env", f"{GRAPHS_ENV}=1", *cmd])
+    return out
+
+
+GRAPHS_ENV = "SGLANG_DDTREE_ROUND_GRAPHS"
+
+
+def _graph_budgets(text: str) -> list:
+    """``--graphs``: budgets and ``auto``, e.g. ``15,auto``."""
+    return [x if x == "auto" else int(x) for x in text.split(",") if x]
+
+
+def arm_of(server: str) -> str:
+    """The bench arm of a DDTREE server: ``ddtree-n15`` -> ``ddtree-b15``, ``ddtree-nauto`` ->
+    ``ddtree-auto``, ``ddtree-g15`` -> ``ddtree-b15-graphs``, ``ddtree-gauto`` ->
+    ``ddtree-auto-graphs``."""
+    kind, budget = server[len("ddtree-")], server[len("ddtree-") + 1 :]
+    arm = "ddtree-auto" if budget == "auto" else f"ddtree-b{budget}"
+    return arm + ("-graphs" if kind == "g" else "")
 
 
 def small_servers(state: Path, args, version: str) -> dict:
@@ -116,20 +146,19 @@ def warmup_at(concurrency: int, warmup: str) -> int:
     return concurrency if warmup == "c" else int(warmup)
 
 
-def bench_step(v: run.Validation, step: str, servers: dict, budgets: list[int],
-               concurrency: int, reference: bool) -> int:  # fmt: skip
-    """One interleaved ``ddtree bench`` at one concurrency: every DDTREE budget of the phase
-    (and ``ddtree-auto`` when the phase has that server) against DFLASH (plain timed as the
-    reference when ``reference``), through the confound guard as ``run.guarded_bench`` runs
-    it. 124: cut at the call's end."""
+def bench_step(v: run.Validation, step: str, servers: dict, concurrency: int,
+               reference: bool) -> int:  # fmt: skip
+    """One interleaved ``ddtree bench`` at one concurrency: every DDTREE server of the phase
+    (its arm named by ``arm_of``) against DFLASH (plain timed as the reference when
+    ``reference``), through the confound guard as ``run.guarded_bench`` runs it. 124: cut at
+    the call's end."""
     args, state = v.args, v.state
     count = prompts_at(concurrency, args.prompts_per, args.prompts_floor)
     rows = run.load_rows(state, args.prompt_file, count, 64, args.vocab, seed=2)
     dataset = run.write_rows(v.results / f"prompts-c{concurrency}.jsonl", rows)
     output = v.results / step
-    urls = [f"ddtree-b{b}=http://127.0.0.1:{servers[f'ddtree-n{b}'][0]}" for b in budgets]
-    if "ddtree-nauto" in servers:
-        urls.append(f"ddtree-auto=http://127.0.0.1:{servers['ddtree-nauto'][0]}")
+    urls = [f"{arm_of(n)}=http://127.0.0.1:{port}" for n, (port, _) in servers.items()
+            if n.startswith("ddtree-")]  # fmt: skip
     cmd = [sys.executable, "-m", "ddtree_cli", "bench", "--algo", "ddtree", "--baseline", "dflash",
            *[x for u in urls for x in ("--url", u)],
            "--url", f"dflash=http://127.0.0.1:{servers['dflash'][0]}",
@@ -176,21 +205,43 @@ def profile_step(v: run.Validation, name: str, port: int, concurrency: int) -> d
     return {"kernel_us": kernels.get("total_us"), "kernels": kernels.get("events")}
 
 
+AUTO_SERVERS = ("ddtree-nauto", "ddtree-gauto")
+
+
 def healthy_but_auto(v: run.Validation, phase_a: dict, small: dict) -> bool:
-    """``run.servers_healthy`` over phase A and the small pair, except that the budget-auto
+    """``run.servers_healthy`` over phase A and the small pair, except that a budget-auto
     server exiting does not end the map: its log's end goes to ``progress.json``
-    (``auto_failed``), it leaves ``phase_a`` and the others are waited for."""
+    (``auto_failed``, or ``auto_failed_<server>`` for ``ddtree-gauto``), it leaves
+    ``phase_a`` and the others are waited for."""
     while True:
         try:
             return run.servers_healthy(v, {**phase_a, **small}, margin=20)
         except run.ServerExited as exc:
-            pidfile = v.state / "ddtree-nauto.pid"
-            if "ddtree-nauto" not in phase_a or run.alive(int(pidfile.read_text())):
+            gone = [n for n in AUTO_SERVERS if n in phase_a
+                    and not run.alive(int((v.state / f"{n}.pid").read_text()))]  # fmt: skip
+            if not gone:
                 raise
-            v.progress["auto_failed"] = str(exc)
+            for name in gone:
+                v.progress[_failed_key(name)] = str(exc)
+                print(json.dumps({_failed_key(name): str(exc)[-1500:]}), flush=True)
+                phase_a.pop(name)
             v.save()
-            print(json.dumps({"auto_failed": str(exc)[-1500:]}), flush=True)
-            phase_a.pop("ddtree-nauto")
+
+
+def _failed_key(server: str) -> str:
+    return "auto_failed" if server == "ddtree-nauto" else f"auto_failed_{server}"
+
+
+STATE_KEYS = ("speculative_ddtree_round_timing", "speculative_ddtree_budget_policy",
+              "speculative_ddtree_round_graphs")  # fmt: skip
+
+
+def state_keys(server: str) -> tuple[str, ...]:
+    """What a DDTREE server's ``/server_info`` is asked for: every one's round timing, a
+    budget-auto server's policy, a ``--graphs`` server's round graphs."""
+    timing, policy, graphs = STATE_KEYS
+    return (timing, *[policy] * (server in AUTO_SERVERS),
+            *[graphs] * server.startswith("ddtree-g"))  # fmt: skip
 
 
 def ddtree_states(port: int, keys: tuple[str, ...]) -> dict:
@@ -245,11 +296,13 @@ def crossover(v: run.Validation) -> int:
     c = run.contents(state)
     if args.prompt_file is None and "heldout" in c.get("prompts", []):
         args.prompt_file = "heldout"
-    phase_a = servers_for(state, args, args.budgets_a, c["sglang"], auto=args.auto)
+    phase_a = servers_for(state, args, args.budgets_a, c["sglang"], auto=args.auto,
+                          graphs=args.graphs)  # fmt: skip
     phase_b = servers_for(state, args, args.budgets_b, c["sglang"])
     small = {} if args.no_agree else small_servers(state, args, c["sglang"])
-    if v.progress.get("auto_failed"):  # it exited at start-up in an earlier call
-        phase_a.pop("ddtree-nauto", None)
+    for name in AUTO_SERVERS:  # one that exited at start-up in an earlier call
+        if v.progress.get(_failed_key(name)):
+            phase_a.pop(name, None)
     v.write("servers.json", {n: {"port": p, "cmd": cmd}
                              for n, (p, cmd) in {**phase_a, **phase_b, **small}.items()})  # fmt: skip
     todo = [s for s in plan(args) if not v.done(s)]
@@ -273,21 +326,24 @@ def crossover(v: run.Validation) -> int:
             stop(v, small)
         elif step.startswith(("A-c", "B-c")):
             phase_b_step = step.startswith("B")
-            servers, budgets = (
-                (phase_b, args.budgets_b) if phase_b_step else (phase_a, args.budgets_a)
-            )
+            servers = phase_b if phase_b_step else phase_a
             reference = not (phase_b_step and args.no_reference_b)
             began = time.monotonic()
-            code = bench_step(v, step, servers, budgets, int(step.split("-c")[1]), reference)
+            code = bench_step(v, step, servers, int(step.split("-c")[1]), reference)
             if code == 124:
                 return v.finish(f"incomplete: {step} cut at the call's end; call again", 3, todo)
             v.record(step, returncode=code, seconds=round(time.monotonic() - began, 1))
-            keys = ("speculative_ddtree_round_timing", "speculative_ddtree_budget_policy")
-            states = {n: ddtree_states(port, keys if n == "ddtree-nauto" else keys[:1])
+            timing, policy, graphs = STATE_KEYS
+            states = {n: ddtree_states(port, state_keys(n))
                       for n, (port, _) in servers.items() if n.startswith("ddtree")}  # fmt: skip
-            v.write(f"{step}.round-timing.json", {n: s[keys[0]] for n, s in states.items()})
+            v.write(f"{step}.round-timing.json", {n: s[timing] for n, s in states.items()})
             if "ddtree-nauto" in states:
-                v.write(f"{step}.auto-policy.json", states["ddtree-nauto"][keys[1]])
+                v.write(f"{step}.auto-policy.json", states["ddtree-nauto"][policy])
+            if "ddtree-gauto" in states:
+                v.write(f"{step}.auto-graphs-policy.json", states["ddtree-gauto"][policy])
+            if any(graphs in s for s in states.values()):
+                v.write(f"{step}.round-graphs.json",
+                        {n: s[graphs] for n, s in states.items() if graphs in s})  # fmt: skip
         elif step.startswith("profile-"):
             name, conc = step.removeprefix("profile-").rsplit("-c", 1)
             if name in phase_a:
@@ -322,6 +378,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="phase A also benches a DDTREE server with --speculative-ddtree-budget "
         "auto (arm ddtree-auto; SGLang 0.5.13 only)",
+    )
+    p.add_argument(
+        "--graphs",
+        type=_graph_budgets,
+        default=[],
+        help="phase-A DDTREE servers (budgets, or auto) started once more with "
+        f"{GRAPHS_ENV}=1 (arms ddtree-bN-graphs, ddtree-auto-graphs; SGLang 0.5.13 only), "
+        "e.g. 15,auto",
     )
     p.add_argument(
         "--no-agree",

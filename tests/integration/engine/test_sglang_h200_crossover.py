@@ -47,6 +47,16 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
         "ddtree-n32": 30004}  # fmt: skip
     assert {n: p for n, (p, _) in b.items()} == {"plain": 30000, "dflash": 30001,
                                                  "ddtree-n128": 30005}  # fmt: skip
+    # --graphs: the same DDTREE servers once more with the round graphs on, after auto's slot.
+    g = crossover.servers_for(tmp_path, args, args.budgets_a, "0.5.13", auto=True,
+                              graphs=crossover._graph_budgets("15,auto"))  # fmt: skip
+    assert {n: p for n, (p, _) in g.items() if n.startswith("ddtree-g")} == {
+        "ddtree-g15": 30007, "ddtree-gauto": 30008}  # fmt: skip
+    same_but_port = ["30007" if x == "30003" else x for x in g["ddtree-n15"][1]]
+    assert g["ddtree-g15"][1] == ["env", "SGLANG_DDTREE_ROUND_GRAPHS=1", *same_but_port]
+    assert [crossover.arm_of(n) for n in ("ddtree-n15", "ddtree-nauto", "ddtree-g15",
+                                          "ddtree-gauto")] == [
+        "ddtree-b15", "ddtree-auto", "ddtree-b15-graphs", "ddtree-auto-graphs"]  # fmt: skip
     # Phase B's plain and DFLASH are phase A's servers (same commands), so they keep running.
     assert a["plain"] == b["plain"] and a["dflash"] == b["dflash"]
     for _, cmd in (*a.values(), *b.values()):
@@ -62,7 +72,7 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
              str(small), "--budgets-a", "8,4", "--budgets-b", "2", "--concurrency", "1,2",
              "--profile-concurrency", "", "--prompts-floor", "5", "--trials", "3",
              "--max-new", "8", "--agree-prompts", "4", "--agree-new", "8",
-             "--client", str(REPO), "--auto", "--warmup", "c"]  # fmt: skip
+             "--client", str(REPO), "--auto", "--graphs", "4", "--warmup", "c"]  # fmt: skip
     state = tmp_path / "state"
     try:
         proc = _run(tmp_path, "--pieces", str(pieces), "--until", "1", *flags)
@@ -82,7 +92,8 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
         agree = json.loads((results / "agree.json").read_text())
         assert {a: r["identical"] for a, r in agree["arms"].items()} == {
             "plain": 4, "dflash": 4, "ddtree": 4}  # fmt: skip
-        phase_a = {"ddtree-b8", "ddtree-b4", "ddtree-auto", "dflash", "reference"}
+        phase_a = {"ddtree-b8", "ddtree-b4", "ddtree-auto", "ddtree-b4-graphs", "dflash",
+                   "reference"}  # fmt: skip
         for step, arms in (("A-c1", phase_a), ("A-c2", phase_a),
                            ("B-c1", {"ddtree-b2", "dflash", "reference"})):  # fmt: skip
             summary = json.loads((results / step / "summary.json").read_text())
@@ -97,8 +108,11 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
         # Every DDTREE server's round timing, asked for after each bench (the embedded
         # engine's servers have none: the answer says so instead of failing the map).
         timing = json.loads((results / "A-c1.round-timing.json").read_text())
-        assert set(timing) == {"ddtree-n8", "ddtree-n4", "ddtree-nauto"}
+        assert set(timing) == {"ddtree-n8", "ddtree-n4", "ddtree-nauto", "ddtree-g4"}
         assert all("no speculative_ddtree_round_timing" in t["error"] for t in timing.values())
+        graphs = json.loads((results / "A-c1.round-graphs.json").read_text())
+        assert list(graphs) == ["ddtree-g4"], graphs
+        assert "no speculative_ddtree_round_graphs" in graphs["ddtree-g4"]["error"]
         # 5 prompts per request in flight, at least 5 (--prompts-floor); warmed up with as
         # many requests as the bench keeps in flight (--warmup c).
         config = json.loads((results / "A-c2" / "summary.json").read_text())["config"]
