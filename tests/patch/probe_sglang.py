@@ -1115,12 +1115,93 @@ if not V2:
         )
     )  # fmt: skip
     worker.tp_rank = 0
+    worker.block_size, worker.budget, worker.policy = 16, 15, None
     out["round_graphs"]["worker_on_cpu"] = worker._capture_round_graphs(None) is None
     # Told it is on CUDA where there is none: the capture fails and it serves without them.
     worker.target_worker.model_runner.device = "cuda"
     worker.target_worker.model_runner.model.lm_head = stand_in_head()
-    worker.block_size, worker.budget, worker.policy = 16, 15, None
     out["round_graphs"]["worker_capture_fails"] = worker._capture_round_graphs(None) is None
+
+if V2:
+    # The v2 worker: its start-up warm-up (head, tree, verify inputs at its budget per
+    # target CUDA-graph batch size), its capture declining on the CPU and failing on a
+    # "CUDA" device that is not there, and its draft head replaying a captured round.
+    import sglang.srt.speculative.ddtree_worker_v2 as _worker_v2  # noqa: E402
+
+    _worker_v2.get_parallel = lambda: types.SimpleNamespace(tp_group=None, tp_rank=0)
+
+    def v2_worker(head, capture_bs):
+        worker = object.__new__(TreeWorker)
+        runner = types.SimpleNamespace(model=types.SimpleNamespace(lm_head=head), device="cpu")
+        if capture_bs is not None:
+            runner.decode_cuda_graph_runner = types.SimpleNamespace(capture_bs=capture_bs)
+        worker._target_worker = types.SimpleNamespace(model_runner=runner)
+        worker.block_size, worker.budget, worker.topk = 16, 15, 15
+        return worker
+
+    head = stand_in_head()
+    v2 = {
+        "warm_graphs": [list(x) for x in v2_worker(head, [4, 1, 2])._warm_eager_kernels(None)],
+        "warm_eager": [list(x) for x in v2_worker(head, None)._warm_eager_kernels(None)],
+        "capture_on_cpu": v2_worker(head, [1])._capture_round_graphs(None) is None,
+    }
+    worker = v2_worker(head, [1])
+    worker.target_worker.model_runner.device = "cuda"
+    v2["capture_fails"] = worker._capture_round_graphs(None) is None
+    # A round of 3 replays the size-4 graph (rows past 3 hold another round's); a round
+    # with another head object runs eagerly. Both give the eager round's tree.
+    worker = v2_worker(head, [2, 4])
+    worker._round_graphs = round_graphs_for(head, _capture_by_call)
+    worker._round_graphs.capture(15, 15)
+    worker._round_graphs_head = head
+    replay = []
+    for bs, lm_head in ((3, head), (4, head), (3, types.SimpleNamespace(**vars(head)))):
+        draft_hidden = torch.randn(bs, 16, 16, generator=gen) * 3
+        tokens = worker._draft_next_tokens(draft_hidden=draft_hidden, lm_head=lm_head, bs=bs)
+        logprobs, ids = draft_topk_logprobs(draft_hidden[:, 1:, :], head, 15, None)
+        want = ddtree_tree.build_tree_from_topk(logprobs, ids, 15)
+        replay.append({
+            "bs": bs,
+            "tokens": list(tokens.shape),
+            "equal": torch.equal(tokens, want.tokens[:, :15]) and all(
+                torch.equal(getattr(worker._tree, f), getattr(want, f)) for f in _TREE_FIELDS),
+        })  # fmt: skip
+    v2["replay"] = replay
+    v2["snapshot"] = worker._round_graphs.snapshot()
+    # init_cuda_graphs, as the scheduler calls it (DFlash's own part stood in for: it
+    # captures the drafter's graphs on a GPU): DFlash's first, then the opt-in capture
+    # (declined on the CPU), then the warm-up. What it logs is what an operator reads.
+    import logging  # noqa: E402
+    import os  # noqa: E402
+
+    class _Lines(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    lines = _Lines()
+    loggers = [logging.getLogger(n) for n in (_worker_v2.__name__, "sglang.srt.speculative."
+                                              "ddtree_round_graphs")]  # fmt: skip
+    for lg in loggers:
+        lg.addHandler(lines)
+        lg.setLevel(logging.INFO)
+    chain_init = ChainWorker.init_cuda_graphs
+    ChainWorker.init_cuda_graphs = lambda self: lines.lines.append("dflash init_cuda_graphs")
+    os.environ["SGLANG_DDTREE_ROUND_GRAPHS"] = "1"
+    try:
+        worker = v2_worker(head, [1, 2])
+        worker.init_cuda_graphs()
+        v2["init_lines"] = [line.split(" in ")[0] for line in lines.lines]
+        v2["init_graphs"] = worker._round_graphs is None
+    finally:
+        ChainWorker.init_cuda_graphs = chain_init
+        del os.environ["SGLANG_DDTREE_ROUND_GRAPHS"]
+        for lg in loggers:
+            lg.removeHandler(lines)
+    out["round_graphs"]["v2"] = v2
 
 # --- request validation (a stand-in request: validation reads two attributes)
 from sglang.srt.speculative.ddtree_utils import validate_ddtree_request  # noqa: E402

@@ -187,6 +187,23 @@ def test_round_graphs_replay_the_round_of_the_next_captured_size(probe):
     if is_v1(version):
         assert graphs["worker_on_cpu"] is True
         assert graphs["worker_capture_fails"] is True
+    else:
+        v2 = graphs["v2"]
+        assert v2["capture_on_cpu"] is True and v2["capture_fails"] is True
+        # The v2 draft head: rounds of 3 and 4 replay the size-4 graph, a round handed
+        # another head object runs eagerly; every one gets the eager round's tree.
+        assert [(r["bs"], r["tokens"]) for r in v2["replay"]] == [
+            (3, [3, 15]),
+            (4, [4, 15]),
+            (3, [3, 15]),
+        ]
+        assert all(r["equal"] for r in v2["replay"]), v2["replay"]
+        assert v2["snapshot"] == {
+            "graphs": 2,
+            "sizes": [2, 4],
+            "replayed_rounds": 2,
+            "eager_rounds": 0,
+        }
 
 
 def test_request_validation_and_hidden_state_relay(probe):
@@ -360,6 +377,25 @@ def test_start_up_warms_every_budget_at_every_graph_batch_size(probe):
     _, facts = probe
     assert facts["warm"]["fixed"] == [[1, 15], [2, 15], [16, 15]]
     assert facts["warm"]["auto"] == [[bs, b] for bs in (1, 2, 4) for b in (15, 32, 64)]
+
+
+@pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True)
+def test_v2_start_up_warms_its_budget_at_every_graph_batch_size(probe):
+    """The v2 worker runs the round's eager part at its budget once per batch size the
+    target's decode CUDA graphs cover (1, 2 and 16 without graphs), before serving."""
+    _, facts = probe
+    v2 = facts["round_graphs"]["v2"]
+    assert v2["warm_graphs"] == [[1, 15], [2, 15], [4, 15]]
+    assert v2["warm_eager"] == [[1, 15], [2, 15], [16, 15]]
+    # As the scheduler calls it: DFlash's draft graphs first, then the opt-in capture
+    # (declined here: the CPU), then the warm-up (a capture empties PyTorch's allocator
+    # caches, so the warm-up's blocks must be cached after it).
+    assert v2["init_lines"] == [
+        "dflash init_cuda_graphs",
+        "DDTREE round graphs not used: not on a CUDA device.",
+        "DDTREE eager kernels warmed: budget 15 x batch sizes [1, 2]",
+    ]
+    assert v2["init_graphs"] is True
 
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True)

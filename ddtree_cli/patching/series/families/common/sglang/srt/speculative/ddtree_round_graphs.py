@@ -8,22 +8,29 @@ took about 1 ms of host time, about 9 % of a batch-1 round. Their shapes depend 
 batch size, the head's K and the budget, so they can be captured once per
 (batch size, K, budget) and replayed with one launch.
 
-``DraftRoundGraphs`` captures them at start-up for the batch sizes the target's CUDA graphs
-cover. A round of batch ``bs`` replays the graph of the smallest captured size >= ``bs``:
+``DraftRoundGraphs`` captures them at start-up (``capture_round_graphs``, both layouts'
+workers) for the batch sizes the target's CUDA graphs cover. A round of batch ``bs`` replays the graph of the smallest captured size >= ``bs``:
 the drafted hidden states are copied into the graph's input rows, the rows past ``bs`` keep
 whatever they held (requests are independent in the head and the tree), and the outputs
 are the graph's own buffers cut to ``bs`` rows, valid until the next replay of the same
 graph (the next round). Anything it has no graph for runs eagerly, as before.
 
-Opt-in (``SGLANG_DDTREE_ROUND_GRAPHS=1``) until measured on a GPU; one rank only (the head's
-tensor-parallel merge is a collective, not captured here).
+Opt-in (``SGLANG_DDTREE_ROUND_GRAPHS=1``); one rank only (the head's tensor-parallel merge
+is a collective, not captured here). On the H200 (0.5.13, spec v1, docs/performance.md) the
+replayed rounds matched the eager ones and the build's host time fell from 1.0-1.1 ms to
+0.4-0.5 ms p50; the v2 workers' use of them has not been run on a GPU.
+
+``warm_rounds`` is the start-up warm-up both workers run before serving, graphs or not: the
+round's eager part once per budget and batch size, so that its Triton kernels compile
+before the first request rather than in it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -166,3 +173,115 @@ class DraftRoundGraphs:
             "replayed_rounds": self.replays,
             "eager_rounds": self.eager,
         }
+
+
+def graph_batch_sizes(model_runner: Any) -> List[int]:
+    """The batch sizes the target's decode CUDA graphs cover (spec v1 keeps that runner as
+    ``graph_runner``, v2 as ``decode_cuda_graph_runner``); 1, 2 and 16 without graphs."""
+    for name in ("graph_runner", "decode_cuda_graph_runner"):
+        sizes = getattr(getattr(model_runner, name, None), "capture_bs", None)
+        if sizes:
+            return sorted({int(s) for s in sizes})
+    return [1, 2, 16]
+
+
+def warm_rounds(
+    head: Callable[[Any, int], Tuple[Any, Any]],
+    build: Callable[[Any, Any, int], Any],
+    after: Optional[Callable[[Any, int, int], None]],
+    *,
+    sizes: Sequence[int],
+    budgets: Sequence[int],
+    n_pos: int,
+    hidden_size: int,
+    dtype: Any,
+    device: Any,
+) -> List[Tuple[int, int]]:
+    """The round's eager part on zero hidden states once per batch size and budget: the head
+    at K = budget, the tree, then ``after(tree, bs, budget)`` (the layout's verify inputs and
+    whatever else its rounds launch). Returns the (batch size, budget) pairs run."""
+    import torch
+
+    warmed = []
+    with torch.inference_mode():
+        for bs in sizes:
+            hidden = torch.zeros((bs, n_pos, hidden_size), dtype=dtype, device=device)
+            for budget in budgets:
+                logprobs, ids = head(hidden, budget)
+                tree = build(logprobs, ids, budget)
+                if after is not None:
+                    after(tree, bs, budget)
+                warmed.append((int(bs), int(budget)))
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return warmed
+
+
+def why_not_round_graphs(lm_head: Any, tp_size: int, device: Any) -> Optional[str]:
+    """Why a worker cannot capture round graphs, None when it can."""
+    import torch
+
+    if lm_head is None or not hasattr(lm_head, "weight"):
+        return "the target has no vocab-parallel lm_head"
+    if tp_size > 1:
+        return f"tensor parallelism ({tp_size} ranks): the head's merge is a collective"
+    if torch.device(device).type != "cuda":
+        return "not on a CUDA device"
+    return None
+
+
+def capture_round_graphs(
+    head: Callable[[Any, int], Tuple[Any, Any]],
+    build: Callable[[Any, Any, int], Any],
+    *,
+    lm_head: Any,
+    tp_size: int,
+    sizes: Sequence[int],
+    pairs: Sequence[Tuple[int, int]],
+    n_pos: int,
+    device: Any,
+    log: bool = True,
+) -> Optional[DraftRoundGraphs]:
+    """A worker's round graphs: one per batch size and (K, budget) in ``pairs``, or None
+    (with a warning when ``log``) where they do not apply (``why_not_round_graphs``) or a
+    capture fails: the worker then serves eagerly, as without them."""
+    import torch
+
+    why = why_not_round_graphs(lm_head, tp_size, device)
+    if why is not None:
+        if log:
+            logger.warning("DDTREE round graphs not used: %s.", why)
+        return None
+    started = time.perf_counter()
+    # no_grad, not inference_mode: the graphs' buffers must take the in-place copy of each
+    # round's hidden states whatever grad mode the scheduler serves under.
+    try:
+        graphs = DraftRoundGraphs(
+            head,
+            build,
+            sizes=sizes,
+            n_pos=n_pos,
+            hidden_size=lm_head.weight.shape[1],
+            dtype=lm_head.weight.dtype,
+            device=device,
+        )
+        with torch.no_grad():
+            for k, budget in pairs:
+                graphs.capture(k, budget)
+    except (RuntimeError, AssertionError) as exc:
+        # A failed capture (RoundGraphsError) drops every graph; the buffers or the pool may
+        # fail to exist at all.
+        if log:
+            logger.warning("DDTREE round graphs not used: %s", exc)
+        return None
+    torch.cuda.synchronize(device)
+    if log:
+        logger.info(
+            "DDTREE round graphs: %d captured (head + tree; (K, budget) %s x batch sizes "
+            "%s) in %.1f s",
+            graphs.snapshot()["graphs"],
+            [tuple(p) for p in pairs],
+            list(graphs.sizes),
+            time.perf_counter() - started,
+        )
+    return graphs

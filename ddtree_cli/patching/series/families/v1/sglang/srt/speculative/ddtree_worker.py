@@ -27,17 +27,21 @@ copied to pinned memory without a synchronisation.
 Every DDTREE server (fixed budget or auto) times its rounds on the host
 (``ddtree_round_timing.py``, in ``/server_info``) and, at start-up, runs the round's eager
 part once per budget and CUDA-graph batch size so that its Triton kernels compile before the
-first request. With ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (one rank, CUDA) it then captures the
+first request. With ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (one rank, CUDA) it first captures the
 draft head and the tree build in CUDA graphs per batch size, K and budget
-(``ddtree_round_graphs.py``) and replays them instead of launching both from Python; not yet
-run on a GPU, so off by default.
+(``ddtree_round_graphs.py``) and replays them instead of launching both from Python; on the
+H200 that halved the build's host time (docs/performance.md); opt-in until measured at every
+concurrency. The capture comes before the warm-up because each capture empties PyTorch's
+allocator caches: on the H200 the graph servers, which captured after the warm-up, had one
+forward round of 240-350 ms per batch size and the eager server none (the new order is not
+yet run on a GPU).
 
 Run on an H200 (0.5.13, the 8B-cost pair; docs/performance.md): lossless, the budget follows
 the batch. With one observed round in four, K = the round's budget and the start-up warm-up,
 auto's round still took 0.5-1.0 ms more than the fixed budget it chose at the same width,
 0.4 ms of it the policy's host work (an observed round's statistics and events about 1.2 ms,
-the round after it reading them); hence one observed round in sixteen now (not yet run on a
-GPU).
+the round after it reading them); hence one observed round in sixteen now: the next run
+measured the policy's host work at 0.04 ms a round p50.
 """
 
 from __future__ import annotations
@@ -57,7 +61,10 @@ from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
 from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput
 from sglang.srt.speculative.ddtree_round_graphs import (
     DraftRoundGraphs,
+    capture_round_graphs,
+    graph_batch_sizes,
     round_graphs_requested,
+    warm_rounds,
 )
 from sglang.srt.speculative.ddtree_round_timing import RoundTiming
 from sglang.srt.speculative.ddtree_utils import (
@@ -151,9 +158,12 @@ class DDTreeWorker(DFlashWorker):
         self._build_s = 0.0  # the latest round's _build_verify_input, host seconds
         if self.policy is not None:
             self._init_budget_auto()
-        self._warm_eager_kernels(get_tp_group())
+        # The round graphs first: every capture empties PyTorch's allocator caches
+        # (torch.cuda.graph does), so the warm-up runs last and serving starts, as in a
+        # server without them, with the warm-up's blocks cached.
         if round_graphs_requested():
             self._round_graphs = self._capture_round_graphs(get_tp_group())
+        self._warm_eager_kernels(get_tp_group())
         if self.tp_rank == 0:
             logger.info(
                 "DDTREE worker ready. budget=%s, top_k<=%d, draft block_size=%d, "
@@ -219,55 +229,50 @@ class DDTreeWorker(DFlashWorker):
         lm_head = getattr(self.target_worker.model_runner.model, "lm_head", None)
         return lm_head if lm_head is not None and hasattr(lm_head, "weight") else None
 
-    def _graph_batch_sizes(self) -> list:
-        """The batch sizes the target's CUDA graphs cover (1, 2 and 16 without graphs)."""
-        graphs = self.target_worker.model_runner.graph_runner
-        return sorted(set(getattr(graphs, "capture_bs", None) or [1, 2, 16]))
-
     def _round_budgets(self) -> tuple:
         """The budgets this server's rounds verify at: its own, or auto's candidates."""
         return self.policy.budgets if self.policy is not None else (self.budget,)
 
     def _warm_eager_kernels(self, tp_group) -> list:
-        """Run the round's eager part (draft head, tree, verify inputs and, under auto, the
-        tree statistics) once per budget this server verifies at and per batch size its
-        CUDA graphs cover, on dummy inputs, so that the Triton kernels compile (or load
-        from the cache) and cuBLAS picks its head kernels at start-up rather than in the
-        first rounds at a new budget or batch size, where a request would wait for them.
-        The verify and draft graphs themselves were run when they were captured. Every
-        rank runs the same calls (the head's tensor-parallel merge is collective). Returns
-        the (batch size, budget) pairs run."""
+        """``warm_rounds``: the round's eager part (draft head, tree, verify inputs and,
+        under auto, the tree statistics) once per budget this server verifies at and per
+        batch size its CUDA graphs cover, on dummy inputs, so that the Triton kernels
+        compile (or load from the cache) and cuBLAS picks its head kernels at start-up
+        rather than in the first rounds at a new budget or batch size, where a request
+        would wait for them. The verify and draft graphs themselves were run when they were
+        captured. Every rank runs the same calls (the head's tensor-parallel merge is
+        collective). Returns the (batch size, budget) pairs run."""
         runner = self.target_worker.model_runner
         lm_head = self._target_lm_head()
         if lm_head is None:
             return []
-        sizes, budgets = self._graph_batch_sizes(), self._round_budgets()
+        device = runner.device
+
+        def verify_and_stats(tree, bs, budget):
+            prefix_cpu = torch.full((bs,), 8, dtype=torch.int64)
+            DDTreeVerifyInput.from_tree(
+                tree,
+                root_tokens=torch.zeros((bs,), dtype=torch.int64, device=device),
+                prefix_lens=prefix_cpu.to(device),
+                prefix_lens_cpu=prefix_cpu,
+            )
+            if self.policy is not None:
+                accept = torch.full((bs, budget + 1), -1, dtype=torch.int32, device=device)
+                _tree_stats(tree, accept, self._candidates[budget])
+
         started = time.perf_counter()
-        warmed = []
-        n_pos = self.block_size - 1
-        hidden = lm_head.weight.shape[1]
-        with torch.inference_mode():
-            for bs in sizes:
-                draft_hidden = torch.zeros(
-                    (bs, n_pos, hidden), dtype=lm_head.weight.dtype, device=runner.device
-                )
-                prefix = torch.full((bs,), 8, dtype=torch.int64, device=runner.device)
-                prefix_cpu = torch.full((bs,), 8, dtype=torch.int64)
-                root = torch.zeros((bs,), dtype=torch.int64, device=runner.device)
-                for budget in budgets:
-                    logprobs, ids = draft_topk_logprobs(draft_hidden, lm_head, budget, tp_group)
-                    tree = ddtree_tree.build_tree_from_topk(logprobs, ids, budget)
-                    DDTreeVerifyInput.from_tree(
-                        tree, root_tokens=root, prefix_lens=prefix, prefix_lens_cpu=prefix_cpu
-                    )
-                    if self.policy is not None:
-                        accept = torch.full(
-                            (bs, budget + 1), -1, dtype=torch.int32, device=runner.device
-                        )
-                        _tree_stats(tree, accept, self._candidates[budget])
-                    warmed.append((bs, budget))
-        if torch.device(runner.device).type == "cuda":
-            torch.cuda.synchronize(runner.device)
+        sizes, budgets = graph_batch_sizes(runner), self._round_budgets()
+        warmed = warm_rounds(
+            lambda hidden, k: draft_topk_logprobs(hidden, lm_head, k, tp_group),
+            ddtree_tree.build_tree_from_topk,
+            verify_and_stats,
+            sizes=sizes,
+            budgets=budgets,
+            n_pos=self.block_size - 1,
+            hidden_size=lm_head.weight.shape[1],
+            dtype=lm_head.weight.dtype,
+            device=device,
+        )
         if self.tp_rank == 0:
             logger.info(
                 "DDTREE eager kernels warmed: budgets %s x batch sizes %s in %.1f s",
@@ -278,61 +283,27 @@ class DDTreeWorker(DFlashWorker):
         return warmed
 
     def _capture_round_graphs(self, tp_group) -> Optional[DraftRoundGraphs]:
-        """``SGLANG_DDTREE_ROUND_GRAPHS=1``: the draft head and the tree build captured per
-        CUDA-graph batch size and (K, budget) the rounds use: (budget, budget) for every
-        budget, and under auto (largest, budget) for the probe rounds. None (and a warning)
-        where it does not apply: more than one rank, not CUDA, no vocab-parallel head."""
-        runner = self.target_worker.model_runner
+        """``SGLANG_DDTREE_ROUND_GRAPHS=1``: ``capture_round_graphs`` per CUDA-graph batch
+        size and (K, budget) the rounds use: (budget, budget) for every budget, and under
+        auto (largest, budget) for the probe rounds. None (and a warning) where it does not
+        apply: more than one rank, not CUDA, no vocab-parallel head, a failed capture."""
         lm_head = self._target_lm_head()
-        tp_size = int(getattr(tp_group, "world_size", 1) or 1)
-        why = None
-        if lm_head is None:
-            why = "the target has no vocab-parallel lm_head"
-        elif tp_size > 1:
-            why = f"tensor parallelism ({tp_size} ranks): the head's merge is a collective"
-        elif torch.device(runner.device).type != "cuda":
-            why = "not on a CUDA device"
-        if why is not None:
-            if self.tp_rank == 0:
-                logger.warning("DDTREE round graphs not used: %s.", why)
-            return None
-        sizes, budgets = self._graph_batch_sizes(), self._round_budgets()
-        started = time.perf_counter()
-        # no_grad, not inference_mode: the graphs' buffers must take the in-place copy of
-        # each round's hidden states whatever grad mode the scheduler serves under.
-        try:
-            round_graphs = DraftRoundGraphs(
-                lambda hidden, k: draft_topk_logprobs(hidden, lm_head, k, tp_group),
-                ddtree_tree.build_tree_from_topk,
-                sizes=sizes,
-                n_pos=self.block_size - 1,
-                hidden_size=lm_head.weight.shape[1],
-                dtype=lm_head.weight.dtype,
-                device=runner.device,
-            )
-            with torch.no_grad():
-                for budget in budgets:
-                    round_graphs.capture(budget, budget)
-                    if self.policy is not None and budget < self.budget:
-                        round_graphs.capture(self.budget, budget)  # probe rounds
-        except (RuntimeError, AssertionError) as exc:
-            # Opt-in and not yet run on a GPU: serve as without them rather than not at all
-            # (a failed capture, RoundGraphsError, drops every graph; the buffers or the
-            # pool may fail to exist at all).
-            if self.tp_rank == 0:
-                logger.warning("DDTREE round graphs not used: %s", exc)
-            return None
-        torch.cuda.synchronize(runner.device)
-        if self.tp_rank == 0:
-            logger.info(
-                "DDTREE round graphs: %d captured (head + tree; budgets %s x batch sizes "
-                "%s) in %.1f s",
-                round_graphs.snapshot()["graphs"],
-                list(budgets),
-                sizes,
-                time.perf_counter() - started,
-            )
-        return round_graphs
+        pairs = []
+        for budget in self._round_budgets():
+            pairs.append((budget, budget))
+            if self.policy is not None and budget < self.budget:
+                pairs.append((self.budget, budget))  # probe rounds
+        return capture_round_graphs(
+            lambda hidden, k: draft_topk_logprobs(hidden, lm_head, k, tp_group),
+            ddtree_tree.build_tree_from_topk,
+            lm_head=lm_head,
+            tp_size=int(getattr(tp_group, "world_size", 1) or 1),
+            sizes=graph_batch_sizes(self.target_worker.model_runner),
+            pairs=pairs,
+            n_pos=self.block_size - 1,
+            device=self.target_worker.model_runner.device,
+            log=self.tp_rank == 0,
+        )
 
     # Under auto: rounds per observed round, besides the policy's own (exploration,
     # re-timing, probes). On the H200 an observed round cost ~1.2 ms of host time.

@@ -18,6 +18,15 @@ first ``block_size`` columns. DDTREE overrides these seams of the decode round:
    ``block_size - 1`` deep, so the accepted path fits the draft block);
 5. the widths: the drafter's block size and the verify window of ``verify_width`` slots.
 
+Before serving (``init_cuda_graphs``, after the target's and the drafter's graphs are
+captured) it runs the round's eager part once per batch size the target's CUDA graphs cover
+(``ddtree_round_graphs.warm_rounds``), so that its Triton kernels compile then rather than in
+the first request; with ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (one rank, CUDA) it first captures
+the draft head and the tree build per batch size (``capture_round_graphs``) and replays them
+in ``_draft_next_tokens`` instead of launching both from Python, as the v1 worker does (the
+capture before the warm-up: each capture empties PyTorch's allocator caches). Neither has
+been run on a GPU in a v2 release (docs/performance.md has the v1 runs).
+
 The same file serves every v2 release (0.5.14 on). Where SGLang moved something between
 them, this file looks for it rather than assuming one release: the DFlash worker's
 constructor arguments are passed on as given, the resolved arguments are read from the
@@ -29,7 +38,10 @@ release's ``dflash_worker_v2.py`` hunks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
+import time
 from typing import Optional
 
 import torch
@@ -40,6 +52,13 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import ddtree_tree
 from sglang.srt.speculative.ddtree_info_v2 import DDTreeVerifyInputV2
+from sglang.srt.speculative.ddtree_round_graphs import (
+    DraftRoundGraphs,
+    capture_round_graphs,
+    graph_batch_sizes,
+    round_graphs_requested,
+    warm_rounds,
+)
 from sglang.srt.speculative.ddtree_utils import (
     check_ddtree_algorithm,
     draft_topk_logprobs,
@@ -85,6 +104,11 @@ def _top_k_top_p_renorm(
 
 class DDTreeWorkerV2(DFlashWorkerV2):
     """DDTree speculative decoding on the DFlash v2 worker (page_size 1, no overlap)."""
+
+    # SGLANG_DDTREE_ROUND_GRAPHS: set by init_cuda_graphs when they are captured, with the
+    # LM head they were captured for (a round with another head runs eagerly).
+    _round_graphs: Optional[DraftRoundGraphs] = None
+    _round_graphs_head = None
 
     def __init__(self, server_args: ServerArgs, *args, **kwargs):
         # The DFlash v2 worker's own arguments (they differ between releases): the target
@@ -173,6 +197,95 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         return plan, cache_loc
 
+    def init_cuda_graphs(self):
+        """The scheduler calls this after the target's graphs are captured: DFlash's draft
+        graphs, then (opt-in) the round graphs and the warm-up, in the draft head's own
+        parallel placement where the release has one."""
+        super().init_cuda_graphs()
+        with self._draft_head_context():
+            tp_group = get_parallel().tp_group
+            # The round graphs first: every capture empties PyTorch's allocator caches, so
+            # the warm-up runs last and serving starts with its blocks cached.
+            if round_graphs_requested():
+                self._round_graphs = self._capture_round_graphs(tp_group)
+            self._warm_eager_kernels(tp_group)
+
+    def _draft_head_context(self):
+        """The context the release runs the draft head in (``draft_tp_context`` of the
+        worker's draft placement, 0.5.2x), or none."""
+        enter = getattr(sys.modules[DFlashWorkerV2.__module__], "draft_tp_context", None)
+        layout = getattr(self, "draft_parallel_layout", None)
+        if enter is None or layout is None:
+            return contextlib.nullcontext()
+        return enter(layout)
+
+    def _target_lm_head(self):
+        """The target's LM head as the round passes it to the draft head (LoRA-unwrapped
+        where the release does that), None without a vocab-parallel one."""
+        lm_head = getattr(self.target_worker.model_runner.model, "lm_head", None)
+        unwrap = getattr(sys.modules[DFlashWorkerV2.__module__], "unwrap_lora_layer", None)
+        if lm_head is not None and unwrap is not None:
+            lm_head = unwrap(lm_head)
+        return lm_head if lm_head is not None and hasattr(lm_head, "weight") else None
+
+    def _warm_eager_kernels(self, tp_group) -> list:
+        """``warm_rounds`` at this server's budget for every batch size the target's CUDA
+        graphs cover: the draft head, the tree and the verify inputs. Returns the
+        (batch size, budget) pairs run."""
+        runner = self.target_worker.model_runner
+        lm_head = self._target_lm_head()
+        if lm_head is None:
+            return []
+        device = runner.device
+
+        def verify(tree, bs, budget):
+            DDTreeVerifyInputV2.from_tree(
+                tree,
+                root_tokens=torch.zeros((bs,), dtype=torch.int64, device=device),
+                prefix_lens=torch.full((bs,), 8, dtype=torch.int64, device=device),
+            )
+
+        started = time.perf_counter()
+        sizes = graph_batch_sizes(runner)
+        warmed = warm_rounds(
+            lambda hidden, k: draft_topk_logprobs(hidden, lm_head, k, tp_group),
+            ddtree_tree.build_tree_from_topk,
+            verify,
+            sizes=sizes,
+            budgets=(self.budget,),
+            n_pos=int(self.block_size) - 1,
+            hidden_size=lm_head.weight.shape[1],
+            dtype=lm_head.weight.dtype,
+            device=device,
+        )
+        if _rank0(tp_group):
+            logger.info(
+                "DDTREE eager kernels warmed: budget %d x batch sizes %s in %.1f s",
+                self.budget,
+                sizes,
+                time.perf_counter() - started,
+            )
+        return warmed
+
+    def _capture_round_graphs(self, tp_group) -> Optional[DraftRoundGraphs]:
+        """``SGLANG_DDTREE_ROUND_GRAPHS=1``: ``capture_round_graphs`` at (K, budget) =
+        (budget, budget) per CUDA-graph batch size; None (and a warning) where it does not
+        apply: more than one rank, not CUDA, no vocab-parallel head, a failed capture."""
+        lm_head = self._target_lm_head()
+        graphs = capture_round_graphs(
+            lambda hidden, k: draft_topk_logprobs(hidden, lm_head, k, tp_group),
+            ddtree_tree.build_tree_from_topk,
+            lm_head=lm_head,
+            tp_size=int(getattr(tp_group, "world_size", 1) or 1),
+            sizes=graph_batch_sizes(self.target_worker.model_runner),
+            pairs=[(self.topk, self.budget)],
+            n_pos=int(self.block_size) - 1,
+            device=self.target_worker.model_runner.device,
+            log=_rank0(tp_group),
+        )
+        self._round_graphs_head = lm_head if graphs is not None else None
+        return graphs
+
     def _maybe_build_draft_sampler(self):
         # The top-K head runs eagerly after the (graph-replayed) draft forward; the
         # in-graph greedy sampler would only compute an argmax DDTREE does not use.
@@ -181,10 +294,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def _draft_next_tokens(
         self, *, draft_hidden: torch.Tensor, lm_head, bs: int
     ) -> torch.Tensor:
-        logprobs, ids = draft_topk_logprobs(
-            draft_hidden[:, 1:, :], lm_head, self.topk, get_parallel().tp_group
-        )
-        self._tree = ddtree_tree.build_tree_from_topk(logprobs, ids, self.budget)
+        hidden = draft_hidden[:, 1:, :]
+        if self._round_graphs is not None and lm_head is self._round_graphs_head:
+            _, _, self._tree = self._round_graphs(hidden, self.topk, self.budget)
+        else:
+            logprobs, ids = draft_topk_logprobs(
+                hidden, lm_head, self.topk, get_parallel().tp_group
+            )
+            self._tree = ddtree_tree.build_tree_from_topk(logprobs, ids, self.budget)
         # The caller keeps a [bs, block_size] token block (root + block_size - 1); only
         # its root is read back (_make_verify_input). The verify reads the whole tree.
         return self._tree.tokens[:, : int(self.block_size) - 1]
@@ -317,3 +434,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if rows is None:
             return hidden
         return hidden.reshape(-1, hidden.shape[-1])[rows]
+
+
+def _rank0(tp_group) -> bool:
+    """Whether this is the group's first rank (the one that logs); one rank without a group."""
+    return int(getattr(tp_group, "rank_in_group", 0) or 0) == 0
