@@ -4,7 +4,8 @@ The patched worker runs, after the draft's graph replay and before the target's,
 head (the target's LM head over the 15 drafted positions, then the top-K log-probs) and the
 tree build; DFLASH runs the LM head and an argmax. This times, on one GPU and without
 SGLang, the patch's own code for that section (``ddtree_utils.draft_topk_logprobs``,
-``ddtree_tree.build_tree_from_topk`` and ``ddtree_round_graphs.DraftRoundGraphs``, loaded
+``ddtree_tree.build_tree_from_topk`` and ``ddtree_round_graphs``' start-up warm-up and capture
+as both workers call them, ``warm_rounds`` and ``capture_round_graphs``, loaded
 from the patch series; ``ddtree_tree`` is ``ddtree_cli.draft_tree``, which the series
 vendors verbatim) at a Qwen3-8B-shaped head (hidden 4096, vocabulary 151936, bf16):
 
@@ -133,22 +134,27 @@ def main() -> int:
     def ddtree_head(hidden, k):
         return utils.draft_topk_logprobs(hidden, head, k, None)
 
-    graphs = rg.DraftRoundGraphs(
-        ddtree_head,
-        dt.build_tree_from_topk,
-        sizes=[int(x) for x in args.capture_sizes.split(",") if x],
-        n_pos=args.positions,
-        hidden_size=args.hidden,
-        dtype=torch.bfloat16,
-        device=dev,
-    )
+    sizes = [int(x) for x in args.capture_sizes.split(",") if x]
+    # The workers' start-up, as both layouts run it: the warm-up, then the capture.
     started = time.perf_counter()
-    with torch.no_grad():
-        captured = sum(graphs.capture(b, b) for b in budgets)
-    torch.cuda.synchronize()
+    warmed = rg.warm_rounds(
+        ddtree_head, dt.build_tree_from_topk, None, sizes=sizes, budgets=budgets,
+        n_pos=args.positions, hidden_size=args.hidden, dtype=torch.bfloat16, device=dev,
+    )  # fmt: skip
+    warm_s = time.perf_counter() - started
+    started = time.perf_counter()
+    graphs = rg.capture_round_graphs(
+        ddtree_head, dt.build_tree_from_topk, lm_head=head, tp_size=1, sizes=sizes,
+        pairs=[(b, b) for b in budgets], n_pos=args.positions, device=dev,
+    )  # fmt: skip
     capture_s = time.perf_counter() - started
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; "
-          f"{captured} graphs captured in {capture_s:.1f} s", flush=True)  # fmt: skip
+    if graphs is None:
+        print("round graphs not captured (see the warning above)", file=sys.stderr)
+        return 1
+    captured = graphs.snapshot()["graphs"]
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; {len(warmed)} rounds "
+          f"warmed in {warm_s:.1f} s, {captured} graphs captured in {capture_s:.1f} s",
+          flush=True)  # fmt: skip
     rows = []
     with torch.no_grad():
         for b in batches:
@@ -194,6 +200,8 @@ def main() -> int:
             "hidden": args.hidden,
             "vocab": args.vocab,
             "positions": args.positions,
+            "rounds_warmed": len(warmed),
+            "warm_s": round(warm_s, 2),
             "graphs_captured": captured,
             "capture_s": round(capture_s, 2),
             "snapshot": graphs.snapshot(),
