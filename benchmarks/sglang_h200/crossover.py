@@ -26,8 +26,10 @@ means "call again"):
    ``auto_failed`` in ``progress.json`` and the map goes on without it; ``--graphs 15,auto``
    adds ``ddtree-b15-graphs`` and ``ddtree-auto-graphs``, the same servers started with
    ``SGLANG_DDTREE_ROUND_GRAPHS=1``, whose ``/server_info`` round-graph state goes to
-   ``A-cN.round-graphs.json``; phase A's servers must fit on the GPU together: five 8B-cost
-   servers do);
+   ``A-cN.round-graphs.json`` (0.5.13; a v2 release's servers have the graphs but no such
+   state: what they answered is recorded instead, and a v2 ``auto`` server exits at
+   start-up, ``auto_failed_ddtree-gauto``); phase A's servers must fit on the GPU together:
+   five 8B-cost servers do);
 6. ``profile-ARM-cN``: SGLang's profiler over 20 decode steps of DFLASH and DDTREE at the
    profile budgets (and the budget-auto server with ``--auto``), at each profile
    concurrency (summaries only; the traces are dropped);
@@ -384,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         type=_graph_budgets,
         default=[],
         help="phase-A DDTREE servers (budgets, or auto) started once more with "
-        f"{GRAPHS_ENV}=1 (arms ddtree-bN-graphs, ddtree-auto-graphs; SGLang 0.5.13 only), "
-        "e.g. 15,auto",
+        f"{GRAPHS_ENV}=1 (arms ddtree-bN-graphs, ddtree-auto-graphs; auto on SGLang 0.5.13 "
+        "only), e.g. 15,auto",
     )
     p.add_argument(
         "--no-agree",
