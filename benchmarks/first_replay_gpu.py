@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from round_graphs_gpu import dt, lm_head, load_patch_modules  # noqa: E402
+from round_graphs_gpu import add_head_args, dt, patch_head  # noqa: E402
 
 
 def timed(fn) -> tuple[float, float]:
@@ -40,24 +40,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1,2,4,8,16,32")
     ap.add_argument("--budgets", default="15,64")
-    ap.add_argument("--positions", type=int, default=15)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--vocab", type=int, default=151936)
+    add_head_args(ap)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
-    utils, rg = load_patch_modules()
-    head = lm_head(args.vocab, args.hidden, dev)
+    dev, rg, head, ddtree_head = patch_head(args)
     sizes = [int(x) for x in args.sizes.split(",") if x]
     budgets = [int(x) for x in args.budgets.split(",") if x]
-
-    def ddtree_head(hidden, k):
-        return utils.draft_topk_logprobs(hidden, head, k, None)
-
     rg.warm_rounds(
         ddtree_head, dt.build_tree_from_topk, None, sizes=sizes, budgets=budgets,
         n_pos=args.positions, hidden_size=args.hidden, dtype=torch.bfloat16, device=dev,

@@ -79,6 +79,27 @@ def lm_head(vocab: int, hidden: int, dev) -> types.SimpleNamespace:
     return types.SimpleNamespace(weight=weight, shard_indices=shard)
 
 
+def add_head_args(ap: argparse.ArgumentParser) -> None:
+    """The head's shape: drafted positions, hidden size, vocabulary (Qwen3-8B's)."""
+    ap.add_argument("--positions", type=int, default=15)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--vocab", type=int, default=151936)
+
+
+def patch_head(args):
+    """(CUDA device, the series' ddtree_round_graphs, a head of ``args``' shape, the patch's
+    draft head over it: ``(hidden, K) -> (log-probs, ids)``)."""
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    utils, rg = load_patch_modules()
+    head = lm_head(args.vocab, args.hidden, dev)
+
+    def ddtree_head(hidden, k):
+        return utils.draft_topk_logprobs(hidden, head, k, None)
+
+    return dev, rg, head, ddtree_head
+
+
 def host_and_gpu_us(fn, iters: int) -> tuple[float, float]:
     """Medians of (host time to issue ``fn``, device time of ``fn``), µs."""
     for _ in range(3):
@@ -115,27 +136,19 @@ def main() -> int:
     ap.add_argument("--batches", default="1,3,8,32")
     ap.add_argument("--budgets", default="15,64")
     ap.add_argument("--capture-sizes", default="1,2,4,8,16,32")
-    ap.add_argument("--positions", type=int, default=15)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--vocab", type=int, default=151936)
+    add_head_args(ap)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
-    utils, rg = load_patch_modules()
-    head = lm_head(args.vocab, args.hidden, dev)
+    dev, rg, head, ddtree_head = patch_head(args)
     budgets = [int(x) for x in args.budgets.split(",") if x]
     batches = [int(x) for x in args.batches.split(",") if x]
-
-    def ddtree_head(hidden, k):
-        return utils.draft_topk_logprobs(hidden, head, k, None)
-
     sizes = [int(x) for x in args.capture_sizes.split(",") if x]
-    # The workers' start-up, as both layouts run it: the warm-up, then the capture.
+    # The workers' start-up code (they capture first and warm up last; here the warm-up runs
+    # first, so that the capture's time leaves out the kernels' compiling).
     started = time.perf_counter()
     warmed = rg.warm_rounds(
         ddtree_head, dt.build_tree_from_topk, None, sizes=sizes, budgets=budgets,
