@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from round_graphs_gpu import add_head_args, dt, patch_head  # noqa: E402
+from round_graphs_gpu import add_head_args, patch_head  # noqa: E402
 
 
 def timed(fn) -> tuple[float, float]:
@@ -46,18 +46,15 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    dev, rg, head, ddtree_head = patch_head(args)
+    dev, rg, head = patch_head(args)
     sizes = [int(x) for x in args.sizes.split(",") if x]
     budgets = [int(x) for x in args.budgets.split(",") if x]
-    rg.warm_rounds(
-        ddtree_head, dt.build_tree_from_topk, None, sizes=sizes, budgets=budgets,
-        n_pos=args.positions, hidden_size=args.hidden, dtype=torch.bfloat16, device=dev,
-    )  # fmt: skip
+    rg.warm_rounds(head, None, None, sizes=sizes, budgets=budgets, n_pos=args.positions, device=dev)
     rows = []
     for capture in (1, 2):  # a second set of graphs in the same process
         graphs = rg.capture_round_graphs(
-            ddtree_head, dt.build_tree_from_topk, lm_head=head, tp_size=1, sizes=sizes,
-            pairs=[(b, b) for b in budgets], n_pos=args.positions, device=dev,
+            head, None, sizes=sizes, pairs=[(b, b) for b in budgets], n_pos=args.positions,
+            device=dev,
         )  # fmt: skip
         if graphs is None:
             print("round graphs not captured", file=sys.stderr)

@@ -61,6 +61,7 @@ def load_patch_modules():
             f"sglang.srt.speculative.{stem}", SERIES / f"{stem}.py"
         )
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # ddtree_round_graphs imports ddtree_utils
         spec.loader.exec_module(module)
         out.append(module)
     return out
@@ -87,17 +88,11 @@ def add_head_args(ap: argparse.ArgumentParser) -> None:
 
 
 def patch_head(args):
-    """(CUDA device, the series' ddtree_round_graphs, a head of ``args``' shape, the patch's
-    draft head over it: ``(hidden, K) -> (log-probs, ids)``)."""
+    """(CUDA device, the series' ddtree_round_graphs, a head of ``args``' shape)."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    utils, rg = load_patch_modules()
-    head = lm_head(args.vocab, args.hidden, dev)
-
-    def ddtree_head(hidden, k):
-        return utils.draft_topk_logprobs(hidden, head, k, None)
-
-    return dev, rg, head, ddtree_head
+    _, rg = load_patch_modules()
+    return dev, rg, lm_head(args.vocab, args.hidden, dev)
 
 
 def host_and_gpu_us(fn, iters: int) -> tuple[float, float]:
@@ -143,7 +138,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    dev, rg, head, ddtree_head = patch_head(args)
+    dev, rg, head = patch_head(args)
     budgets = [int(x) for x in args.budgets.split(",") if x]
     batches = [int(x) for x in args.batches.split(",") if x]
     sizes = [int(x) for x in args.capture_sizes.split(",") if x]
@@ -151,14 +146,13 @@ def main() -> int:
     # first, so that the capture's time leaves out the kernels' compiling).
     started = time.perf_counter()
     warmed = rg.warm_rounds(
-        ddtree_head, dt.build_tree_from_topk, None, sizes=sizes, budgets=budgets,
-        n_pos=args.positions, hidden_size=args.hidden, dtype=torch.bfloat16, device=dev,
-    )  # fmt: skip
+        head, None, None, sizes=sizes, budgets=budgets, n_pos=args.positions, device=dev
+    )
     warm_s = time.perf_counter() - started
     started = time.perf_counter()
     graphs = rg.capture_round_graphs(
-        ddtree_head, dt.build_tree_from_topk, lm_head=head, tp_size=1, sizes=sizes,
-        pairs=[(b, b) for b in budgets], n_pos=args.positions, device=dev,
+        head, None, sizes=sizes, pairs=[(b, b) for b in budgets], n_pos=args.positions,
+        device=dev,
     )  # fmt: skip
     capture_s = time.perf_counter() - started
     if graphs is None:

@@ -393,7 +393,7 @@ def test_v2_start_up_warms_its_budget_at_every_graph_batch_size(probe):
     assert v2["init_lines"] == [
         "dflash init_cuda_graphs",
         "DDTREE round graphs not used: not on a CUDA device.",
-        "DDTREE eager kernels warmed: budget 15 x batch sizes [1, 2]",
+        "DDTREE eager kernels warmed: budgets [15] x batch sizes [1, 2]",
     ]
     assert v2["init_graphs"] is True
 

@@ -185,27 +185,47 @@ def graph_batch_sizes(model_runner: Any) -> List[int]:
     return [1, 2, 16]
 
 
+def draft_round(lm_head: Any, tp_group: Any) -> Tuple[Callable, Callable]:
+    """The round's head and build as the workers run them: ``ddtree_utils.draft_topk_logprobs``
+    over ``lm_head`` (merged over ``tp_group``'s ranks), then ``ddtree_tree``'s tree."""
+    from sglang.srt.speculative import ddtree_tree
+    from sglang.srt.speculative.ddtree_utils import draft_topk_logprobs
+
+    def head(hidden, k):
+        return draft_topk_logprobs(hidden, lm_head, k, tp_group)
+
+    return head, ddtree_tree.build_tree_from_topk
+
+
+def _tp_size(tp_group: Any) -> int:
+    return int(getattr(tp_group, "world_size", 1) or 1)
+
+
 def warm_rounds(
-    head: Callable[[Any, int], Tuple[Any, Any]],
-    build: Callable[[Any, Any, int], Any],
+    lm_head: Any,
+    tp_group: Any,
     after: Optional[Callable[[Any, int, int], None]],
     *,
     sizes: Sequence[int],
     budgets: Sequence[int],
     n_pos: int,
-    hidden_size: int,
-    dtype: Any,
     device: Any,
+    log: bool = True,
 ) -> List[Tuple[int, int]]:
-    """The round's eager part on zero hidden states once per batch size and budget: the head
-    at K = budget, the tree, then ``after(tree, bs, budget)`` (the layout's verify inputs and
-    whatever else its rounds launch). Returns the (batch size, budget) pairs run."""
+    """The round's eager part (``draft_round``) on zero hidden states once per batch size
+    and budget: the head at K = budget, the tree, then ``after(tree, bs, budget)`` (the
+    layout's verify inputs and whatever else its rounds launch); logged with its time when
+    ``log``. Returns the (batch size, budget) pairs run."""
     import torch
 
+    head, build = draft_round(lm_head, tp_group)
+    started = time.perf_counter()
     warmed = []
     with torch.inference_mode():
         for bs in sizes:
-            hidden = torch.zeros((bs, n_pos, hidden_size), dtype=dtype, device=device)
+            hidden = torch.zeros(
+                (bs, n_pos, lm_head.weight.shape[1]), dtype=lm_head.weight.dtype, device=device
+            )
             for budget in budgets:
                 logprobs, ids = head(hidden, budget)
                 tree = build(logprobs, ids, budget)
@@ -214,10 +234,17 @@ def warm_rounds(
                 warmed.append((int(bs), int(budget)))
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+    if log:
+        logger.info(
+            "DDTREE eager kernels warmed: budgets %s x batch sizes %s in %.1f s",
+            list(budgets),
+            list(sizes),
+            time.perf_counter() - started,
+        )
     return warmed
 
 
-def why_not_round_graphs(lm_head: Any, tp_size: int, device: Any) -> Optional[str]:
+def _why_not(lm_head: Any, tp_size: int, device: Any) -> Optional[str]:
     """Why a worker cannot capture round graphs, None when it can."""
     import torch
 
@@ -231,23 +258,22 @@ def why_not_round_graphs(lm_head: Any, tp_size: int, device: Any) -> Optional[st
 
 
 def capture_round_graphs(
-    head: Callable[[Any, int], Tuple[Any, Any]],
-    build: Callable[[Any, Any, int], Any],
-    *,
     lm_head: Any,
-    tp_size: int,
+    tp_group: Any,
+    *,
     sizes: Sequence[int],
     pairs: Sequence[Tuple[int, int]],
     n_pos: int,
     device: Any,
     log: bool = True,
 ) -> Optional[DraftRoundGraphs]:
-    """A worker's round graphs: one per batch size and (K, budget) in ``pairs``, or None
-    (with a warning when ``log``) where they do not apply (``why_not_round_graphs``) or a
-    capture fails: the worker then serves eagerly, as without them."""
+    """A worker's round graphs (``draft_round``): one per batch size and (K, budget) in
+    ``pairs``, or None (with a warning when ``log``) where they do not apply (no
+    vocab-parallel head, more than one rank, not CUDA) or a capture fails: the worker then
+    serves eagerly, as without them."""
     import torch
 
-    why = why_not_round_graphs(lm_head, tp_size, device)
+    why = _why_not(lm_head, _tp_size(tp_group), device)
     if why is not None:
         if log:
             logger.warning("DDTREE round graphs not used: %s.", why)
@@ -257,8 +283,7 @@ def capture_round_graphs(
     # round's hidden states whatever grad mode the scheduler serves under.
     try:
         graphs = DraftRoundGraphs(
-            head,
-            build,
+            *draft_round(lm_head, tp_group),
             sizes=sizes,
             n_pos=n_pos,
             hidden_size=lm_head.weight.shape[1],

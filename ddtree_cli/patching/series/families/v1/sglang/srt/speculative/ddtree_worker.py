@@ -260,44 +260,30 @@ class DDTreeWorker(DFlashWorker):
                 accept = torch.full((bs, budget + 1), -1, dtype=torch.int32, device=device)
                 _tree_stats(tree, accept, self._candidates[budget])
 
-        started = time.perf_counter()
-        sizes, budgets = graph_batch_sizes(runner), self._round_budgets()
-        warmed = warm_rounds(
-            lambda hidden, k: draft_topk_logprobs(hidden, lm_head, k, tp_group),
-            ddtree_tree.build_tree_from_topk,
+        return warm_rounds(
+            lm_head,
+            tp_group,
             verify_and_stats,
-            sizes=sizes,
-            budgets=budgets,
+            sizes=graph_batch_sizes(runner),
+            budgets=self._round_budgets(),
             n_pos=self.block_size - 1,
-            hidden_size=lm_head.weight.shape[1],
-            dtype=lm_head.weight.dtype,
             device=device,
+            log=self.tp_rank == 0,
         )
-        if self.tp_rank == 0:
-            logger.info(
-                "DDTREE eager kernels warmed: budgets %s x batch sizes %s in %.1f s",
-                list(budgets),
-                sizes,
-                time.perf_counter() - started,
-            )
-        return warmed
 
     def _capture_round_graphs(self, tp_group) -> Optional[DraftRoundGraphs]:
         """``SGLANG_DDTREE_ROUND_GRAPHS=1``: ``capture_round_graphs`` per CUDA-graph batch
         size and (K, budget) the rounds use: (budget, budget) for every budget, and under
         auto (largest, budget) for the probe rounds. None (and a warning) where it does not
         apply: more than one rank, not CUDA, no vocab-parallel head, a failed capture."""
-        lm_head = self._target_lm_head()
         pairs = []
         for budget in self._round_budgets():
             pairs.append((budget, budget))
             if self.policy is not None and budget < self.budget:
                 pairs.append((self.budget, budget))  # probe rounds
         return capture_round_graphs(
-            lambda hidden, k: draft_topk_logprobs(hidden, lm_head, k, tp_group),
-            ddtree_tree.build_tree_from_topk,
-            lm_head=lm_head,
-            tp_size=int(getattr(tp_group, "world_size", 1) or 1),
+            self._target_lm_head(),
+            tp_group,
             sizes=graph_batch_sizes(self.target_worker.model_runner),
             pairs=pairs,
             n_pos=self.block_size - 1,

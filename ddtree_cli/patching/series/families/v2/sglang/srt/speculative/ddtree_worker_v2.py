@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-import time
 from typing import Optional
 
 import torch
@@ -245,27 +244,16 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 prefix_lens=torch.full((bs,), 8, dtype=torch.int64, device=device),
             )
 
-        started = time.perf_counter()
-        sizes = graph_batch_sizes(runner)
-        warmed = warm_rounds(
-            lambda hidden, k: draft_topk_logprobs(hidden, lm_head, k, tp_group),
-            ddtree_tree.build_tree_from_topk,
+        return warm_rounds(
+            lm_head,
+            tp_group,
             verify,
-            sizes=sizes,
+            sizes=graph_batch_sizes(runner),
             budgets=(self.budget,),
             n_pos=int(self.block_size) - 1,
-            hidden_size=lm_head.weight.shape[1],
-            dtype=lm_head.weight.dtype,
             device=device,
+            log=_rank0(tp_group),
         )
-        if _rank0(tp_group):
-            logger.info(
-                "DDTREE eager kernels warmed: budget %d x batch sizes %s in %.1f s",
-                self.budget,
-                sizes,
-                time.perf_counter() - started,
-            )
-        return warmed
 
     def _capture_round_graphs(self, tp_group) -> Optional[DraftRoundGraphs]:
         """``SGLANG_DDTREE_ROUND_GRAPHS=1``: ``capture_round_graphs`` at (K, budget) =
@@ -273,10 +261,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         apply: more than one rank, not CUDA, no vocab-parallel head, a failed capture."""
         lm_head = self._target_lm_head()
         graphs = capture_round_graphs(
-            lambda hidden, k: draft_topk_logprobs(hidden, lm_head, k, tp_group),
-            ddtree_tree.build_tree_from_topk,
-            lm_head=lm_head,
-            tp_size=int(getattr(tp_group, "world_size", 1) or 1),
+            lm_head,
+            tp_group,
             sizes=graph_batch_sizes(self.target_worker.model_runner),
             pairs=[(self.topk, self.budget)],
             n_pos=int(self.block_size) - 1,
