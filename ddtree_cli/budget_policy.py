@@ -53,16 +53,23 @@ its budget only when another candidate beats the current one by more than ``hyst
 ``ddtree.budget``) and kept in :meth:`snapshot`.
 
 Values of budgets above the round's are only known on rounds that build the largest tree:
-the policy asks for such a probe on exploration rounds and every ``probe_every`` rounds,
-and the value means are taken over those rounds only, the same rounds for every candidate
-(a mean of small-budget values over all rounds would be biased against the rounds at
-which a larger budget happens to run).
+the policy asks for such a probe every ``probe_every`` rounds (and until every value is
+known), and the value means are taken over those rounds only, the same rounds for every
+candidate (a mean of small-budget values over all rounds would be biased against the rounds
+at which a larger budget happens to run). A probe below the largest budget costs a round
+more than its own width does (the wider top-K, the second tree, their launches), so such a
+round's time says nothing about its width: the caller reports it untimed, and the rounds
+the policy times (``Plan.timed``: exploration and re-timing) are never such probes, a probe
+due then waiting for the next round. On the H200 the probes' extra time, left in, made
+the widths it re-timed look 1-2 ms dearer (of 10-15) than the same widths' rounds on
+fixed-budget servers, and a bucket kept a budget that a fixed budget beat by 5-10 %.
 
 Pure Python, standard library only (no torch, no engine): the embedded engine and a serving
 worker call it the same way::
 
-    plan = policy.plan(batch)                 # Plan(budget, probe)
-    ... run the round at plan.budget (and, if plan.probe, read the largest tree's values)
+    plan = policy.plan(batch)                 # Plan(budget, probe, timed)
+    ... run the round at plan.budget (and, if plan.probe, read the largest tree's values;
+        a probe below the largest budget is reported with seconds=None)
     policy.observe(batch, plan.budget, seconds=..., values={B: sum over rows},
                    accepted={B: drafted tokens accepted, sum over rows})
 """
@@ -203,6 +210,7 @@ class PolicyConfig:
 class Plan:
     budget: int  # the budget to verify this round
     probe: bool  # also read every candidate's value (build the largest tree)
+    timed: bool = False  # an exploration or re-timing round: its time is wanted
 
 
 class _Mean:
@@ -328,6 +336,7 @@ class BudgetPolicy:
         self._values = {b: _Mean(self.config.value_weight) for b in self.budgets}
         self._ratios = {b: _Ratio() for b in self.budgets}
         self._rounds = 0
+        self._probe_due = False  # a probe that a timed round put off
         self._changes: deque[dict] = deque(maxlen=self.config.history)
         self._num_changes = 0
 
@@ -345,12 +354,16 @@ class BudgetPolicy:
             state = self._buckets.setdefault(key, _Bucket())
             state.rounds += 1
             self._rounds += 1
-            probe = (self._rounds - 1) % cfg.probe_every == 0 or any(
-                self._values[b].n == 0 for b in self.budgets
+            probe = (
+                self._probe_due
+                or (self._rounds - 1) % cfg.probe_every == 0
+                or any(self._values[b].n == 0 for b in self.budgets)
             )
             exploring = [b for b in self.budgets if not self._timed_enough(state, b)]
             if exploring:  # the least run first, then the smallest
-                return Plan(min(exploring, key=lambda b: (state.seen.get(b + 1, 0), b)), True)
+                return self._timed_plan(
+                    min(exploring, key=lambda b: (state.seen.get(b + 1, 0), b)), probe
+                )
             if state.budget is None:
                 self._choose(key, state)
             state.since_reexplore += 1
@@ -360,8 +373,16 @@ class BudgetPolicy:
                 state.retimings += 1
                 others = [b for b in self.budgets if b != state.budget]
                 stalest = min(others, key=lambda b: state.last_timed.get(b + 1, -1))
-                return Plan(stalest, True)
+                return self._timed_plan(stalest, probe)
+            self._probe_due = False
             return Plan(state.budget, probe)
+
+    def _timed_plan(self, budget: int, probe: bool) -> Plan:
+        """A round whose time the policy wants: a probe at the largest budget is free (its
+        tree is the largest), one below it waits for the next round."""
+        free = budget == self.budgets[-1]
+        self._probe_due = probe and not free
+        return Plan(budget, probe and free, timed=True)
 
     def observe(
         self,
@@ -375,7 +396,7 @@ class BudgetPolicy:
         """Record a round of ``batch`` requests at ``budget``.
 
         ``seconds``: the round's time, None when it is not representative (a capture, a
-        compile). ``values``: per candidate budget, the sum over the batch of its tree's
+        compile, a probe below the largest budget). ``values``: per candidate budget, the sum over the batch of its tree's
         value; must hold ``budget`` itself (the verified tree's value) and may hold others
         (all of them on a probe round). ``accepted``: per candidate budget up to
         ``budget``, the drafted tokens its tree would have accepted (committed tokens minus

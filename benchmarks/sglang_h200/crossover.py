@@ -419,8 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.warmup != "c" and not (args.warmup.isdigit()):
         p.error(f"--warmup must be a number of requests or 'c', got {args.warmup!r}")
-    if set(args.budgets_a) & set(args.budgets_b) or not args.budgets_a:
-        p.error("--budgets-a must be non-empty and share no budget with --budgets-b")
+    if set(args.budgets_a) & set(args.budgets_b):
+        p.error("--budgets-a must share no budget with --budgets-b")
+    if not args.budgets_a and not (args.graphs and args.no_agree):
+        p.error("--budgets-a may be empty only with --graphs and --no-agree")
     if args.profile_concurrency and not set(args.profile_budgets) <= set(args.budgets_a):
         p.error("--profile-budgets must be phase-A budgets")
     v = run.Validation(args, folder="map", estimates=ESTIMATES)

@@ -64,12 +64,16 @@ class ReferenceDivergence:
     flagged: list[str] = field(default_factory=list)  # an arm that diverges clearly more often
     p_value: float | None = None  # exact McNemar, two arms only
     discordant: dict[str, int] | None = None  # per arm: prompts where only it diverged
+    # several arms under test: each one's McNemar p against the baseline (Holm-corrected)
+    p_values: dict[str, float] | None = None
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {"arms": {arm: d.to_json() for arm, d in self.arms.items()},
                                "flagged": self.flagged, "p_value": self.p_value}  # fmt: skip
         if self.discordant is not None:
             out["discordant"] = self.discordant
+        if self.p_values is not None:
+            out["p_values"] = self.p_values
         return out
 
     @classmethod
@@ -77,7 +81,8 @@ class ReferenceDivergence:
         if data is None:
             return None
         arms = {arm: ArmDivergence(**d) for arm, d in data["arms"].items()}
-        return cls(arms, data["flagged"], data["p_value"], data.get("discordant"))
+        return cls(arms, data["flagged"], data["p_value"], data.get("discordant"),
+                   data.get("p_values"))  # fmt: skip
 
 
 SKIPPED = "needs two arms at temperature 0, or --reference"
@@ -218,4 +223,32 @@ def reference_divergence(
         out.discordant = {x: only_x, y: only_y}
         if p < FLAG_P:
             out.flagged = [x if only_x > only_y else y]
+    return out
+
+
+def against_baseline(
+    records: list[dict[str, Any]],
+    reference: dict[str, list[int]],
+    arms: list[str],
+    under_test: list[str],
+    baseline: str,
+) -> ReferenceDivergence:
+    """Every arm's divergence from the reference, and McNemar's test of each arm under test
+    against the baseline, the p-values Holm-corrected for their number: with three arms
+    under test, three tests at 0.05 each would flag some pair in one run of seven by chance
+    (a GPU run at concurrency 32 flagged DFLASH against one of three DDTREE arms at
+    p = 0.017). An arm is flagged where its pair's corrected p is below ``FLAG_P``: the
+    arm under test or the baseline, whichever diverged on more of the discordant prompts."""
+    out = reference_divergence(records, reference, arms)
+    pairs = {arm: reference_divergence(records, reference, [arm, baseline]) for arm in under_test}
+    out.p_values = {arm: pair.p_value for arm, pair in pairs.items()}
+    ordered = sorted(pairs, key=lambda arm: pairs[arm].p_value)
+    for rank, arm in enumerate(ordered):  # Holm: the j-th smallest against FLAG_P / (k - j)
+        pair = pairs[arm]
+        if pair.p_value >= FLAG_P / (len(ordered) - rank):
+            break
+        only = pair.discordant or {}
+        worse = arm if only.get(arm, 0) > only.get(baseline, 0) else baseline
+        if worse not in out.flagged:
+            out.flagged.append(worse)
     return out

@@ -221,11 +221,19 @@ def _lossless(out: list[str], summary: Summary) -> None:
                 )
                 + "\n"
             )
-        elif ref.flagged:
+        elif ref.p_values is not None or ref.flagged:
+            ps = ", ".join(f"{arm} {p:.4g}" for arm, p in (ref.p_values or {}).items())
             out.append(
                 "McNemar exact test of each arm under test against the baseline, on the prompts "
-                f"where only one of the two diverged: **{', '.join(ref.flagged)} diverge(s) "
-                "clearly more often: a bug, not noise.**\n"
+                "where only one of the two diverged, Holm-corrected for the number of arms"
+                + (f" (p: {ps})" if ps else "")
+                + ": "
+                + (
+                    f"**{', '.join(ref.flagged)} diverge(s) clearly more often: a bug, not noise.**"
+                    if ref.flagged
+                    else "no arm diverges clearly more often than the baseline."
+                )
+                + "\n"
             )
 
 

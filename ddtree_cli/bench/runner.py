@@ -849,14 +849,13 @@ def _lossless_against_baseline(state: RunState, records: list[dict[str, Any]]):
 
 def _reference_check(state: RunState, records: list[dict[str, Any]]):
     """Each arm's divergence from the reference; with several arms under test, McNemar's
-    test is run for each of them against the baseline, and every arm it flags is flagged."""
-    check = lossless.reference_divergence(records, state.reference_outputs, state.arms)
+    test of each of them against the baseline, Holm-corrected (``lossless.against_baseline``)."""
     base = state.baseline
     if base is not None and len(state.arms) > 2:
-        for arm in state.under_test:
-            pair = lossless.reference_divergence(records, state.reference_outputs, [arm, base])
-            check.flagged += [a for a in pair.flagged if a not in check.flagged]
-    return check
+        return lossless.against_baseline(
+            records, state.reference_outputs, list(state.arms), list(state.under_test), base
+        )
+    return lossless.reference_divergence(records, state.reference_outputs, state.arms)
 
 
 def _model_warnings(state: RunState) -> list[str]:

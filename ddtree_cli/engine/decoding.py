@@ -278,13 +278,12 @@ class Engine:
         # Cache length of the longest row (its root is not in the cache yet).
         longest = max(len(s.prompt) + len(s.output) for s in self.seqs) - 1
         draft = self._draft_logits(b, longest) if self.algo != "ar" else None
-        probe, probe_s = None, 0.0
+        probe = None
         if plan is not None and plan.probe and budget < self.budgets[-1]:
             # Every candidate's value from one tree at the largest budget (a prefix order);
-            # its time is not the round's.
-            t = time.perf_counter()
+            # such a round is reported untimed (budget_policy: the policy's timed rounds
+            # are never these).
             probe = self._stats(self._tree.build_tree(draft, self.budgets[-1]), b)[0]
-            probe_s = time.perf_counter() - t
         span = min(self.capacity, -(-(longest + width) // self.span_bucket) * self.span_bucket)
         self._captured = False
         if self.cuda_graphs and not sampling:
@@ -294,8 +293,9 @@ class Engine:
         # The round's single host synchronisation.
         host = result.tolist()
         if plan is not None:
-            seconds = time.perf_counter() - start - probe_s
-            self._observe(b, budget, None if self._captured else seconds, stats, probe)
+            untimed = self._captured or probe is not None
+            seconds = None if untimed else time.perf_counter() - start
+            self._observe(b, budget, seconds, stats, probe)
         return self._commit(host)
 
     def _stats(self, tree, b: int, walk=None) -> torch.Tensor | list[list[float]]:

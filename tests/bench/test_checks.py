@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ddtree_cli.bench import fingerprint, lossless
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _info(**over):
@@ -118,3 +123,40 @@ def test_reference_does_not_flag_equal_rates_of_near_tie_flips():
     out = lossless.reference_divergence(records, ref, ["x", "y"])
     assert out.arms["x"].diverged == out.arms["y"].diverged == 2
     assert out.flagged == []
+
+
+def _from_divergence(arms: dict, prompts: list[str]) -> tuple[dict, list[dict]]:
+    """Records and reference outputs with the given prompts diverged per arm."""
+    ref = {pid: [1, 2] for pid in prompts}
+    records = [_rec(arm, pid, [1, 9] if pid in set(d["diverged_prompts"]) else [1, 2])
+               for arm, d in arms.items() for pid in prompts]  # fmt: skip
+    return ref, records
+
+
+def test_several_arms_are_holm_corrected_on_a_real_gpu_runs_divergence():
+    data = json.loads((FIXTURES / "reference_divergence_h200_c32.json").read_text())
+    ref, records = _from_divergence(data["arms"], data["prompts"])
+    arms = list(data["arms"])
+    under_test = [a for a in arms if a != "dflash"]
+    # Alone, budget 64 against DFLASH is a "clear" difference (17 prompts only DFLASH
+    # diverged on, 5 only budget 64): p = 0.017 ...
+    pair = lossless.reference_divergence(records, ref, ["ddtree-b64-graphs", "dflash"])
+    assert pair.discordant == {"ddtree-b64-graphs": 5, "dflash": 17}
+    assert pair.flagged == ["dflash"] and 0.01 < pair.p_value < 0.05
+    # ... but one of three tests: above 0.05 / 3, so no arm is flagged.
+    out = lossless.against_baseline(records, ref, arms, under_test, "dflash")
+    assert out.flagged == []
+    assert set(out.p_values) == set(under_test)
+    assert out.p_values["ddtree-b64-graphs"] == pair.p_value
+    assert [out.arms[a].diverged for a in arms] == [36, 28, 41, 40]
+
+
+def test_several_arms_still_flag_the_one_that_is_broken():
+    prompts = [f"p{i:03d}" for i in range(40)]
+    arms = {"b15": {"diverged_prompts": prompts[:4]}, "b64": {"diverged_prompts": prompts[2:6]},
+            "bad": {"diverged_prompts": prompts[:20]}, "dflash": {"diverged_prompts": prompts[1:5]}}  # fmt: skip
+    ref, records = _from_divergence(arms, prompts)
+    out = lossless.against_baseline(records, ref, list(arms), ["b15", "b64", "bad"], "dflash")
+    assert out.flagged == ["bad"]
+    assert out.p_values["bad"] < 0.05 / 3
+    assert lossless.ReferenceDivergence.from_json(out.to_json()).p_values == out.p_values

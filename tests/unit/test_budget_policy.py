@@ -33,10 +33,12 @@ def drive(policy, batch, rounds, cost, accept, value=lambda b: 1.2 * b**0.5):
     for _ in range(rounds):
         plan = policy.plan(batch)
         known = policy.budgets if plan.probe else [b for b in policy.budgets if b <= plan.budget]
+        # As the callers do: a probe below the largest budget is reported untimed.
+        apart = plan.probe and plan.budget < policy.max_budget
         policy.observe(
             batch,
             plan.budget,
-            seconds=cost(batch_bucket(batch), plan.budget + 1),
+            seconds=None if apart else cost(batch_bucket(batch), plan.budget + 1),
             values={b: batch * value(b) for b in known},
             # What each tree up to the round's would have accepted (the prefix order).
             accepted={b: batch * accept(b) for b in policy.budgets if b <= plan.budget},
@@ -205,11 +207,12 @@ def test_a_change_of_cost_shape_moves_the_choice_through_re_timings(caplog):
 def test_exploration_times_every_width_in_turn_and_untimed_rounds_extend_it():
     cfg = PolicyConfig(min_samples=2, warmup_samples=1)
     policy = BudgetPolicy(BUDGETS, cfg)
-    planned, probes = [], []
+    planned, probes, timed = [], [], []
     for i in range(10):
         plan = policy.plan(1)
         planned.append(plan.budget)
         probes.append(plan.probe)
+        timed.append(plan.timed)
         untimed = i == 3  # e.g. a graph capture: not a cost sample
         policy.observe(
             1,
@@ -221,7 +224,11 @@ def test_exploration_times_every_width_in_turn_and_untimed_rounds_extend_it():
     # A warm-up round each, then 2 timed rounds each, in turn; the untimed round at 15
     # costs it one more.
     assert planned == [15, 32, 64, 15, 32, 64, 15, 32, 64, 15]
-    assert all(probes)  # exploration rounds read every value
+    # Every exploration round is timed; the values come from the largest budget's rounds,
+    # where the probe is free: no round below it builds the largest tree beside its own.
+    assert all(timed)
+    assert [p for b, p in zip(planned, probes, strict=True) if b < 64] == [False] * 7
+    assert probes[2]
     assert policy.budget_for(1) is not None  # explored: a choice is made
 
 
@@ -245,6 +252,34 @@ def test_probes_come_every_probe_every_rounds():
         policy.observe(1, plan.budget, seconds=0.01, values={b: 2.0 for b in BUDGETS},
                        accepted={plan.budget: 2.0})  # fmt: skip
     assert sum(probes) == 4
+
+
+def test_a_probe_due_at_a_re_timing_waits_for_the_next_round():
+    # Re-timing every 4 rounds and a probe every 2: every re-timing falls on a probe's
+    # round. A re-timed width below the largest is timed without the probe, and the next
+    # round probes instead; none is lost.
+    cfg = PolicyConfig(probe_every=2, first_reexplore=4, reexplore_every=4)
+    policy = BudgetPolicy(BUDGETS, cfg)
+    drive(policy, 1, 200, lambda _b, w: 0.01 if w == 16 else 0.02, accept=lambda b: 1.0)
+    assert policy.budget_for(1) == 15
+    rounds, due = [], []
+    for _ in range(64):
+        plan = policy.plan(1)
+        rounds.append(plan)
+        due.append((policy._rounds - 1) % cfg.probe_every == 0)
+        policy.observe(1, plan.budget, seconds=0.01 if plan.budget == 15 else 0.02,
+                       values={b: 1.0 for b in BUDGETS}, accepted={plan.budget: 1.0})  # fmt: skip
+    timed = [i for i, p in enumerate(rounds[:-1]) if p.timed]
+    assert len(timed) >= 15 and {rounds[i].budget for i in timed} == {32, 64}
+    put_off = 0
+    for i in timed:
+        p = rounds[i]
+        assert p.probe == (due[i] and p.budget == 64)  # free at the largest budget only
+        if due[i] and p.budget < 64:
+            assert rounds[i + 1].probe and not rounds[i + 1].timed
+            put_off += 1
+    assert put_off >= 7
+    assert sum(p.probe for p in rounds) >= sum(due) - 1  # none lost (the last may be due)
 
 
 def test_snapshot_is_json_and_names_the_budget_per_bucket():

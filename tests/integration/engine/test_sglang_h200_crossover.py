@@ -57,6 +57,14 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
     assert [crossover.arm_of(n) for n in ("ddtree-n15", "ddtree-nauto", "ddtree-g15",
                                           "ddtree-gauto")] == [
         "ddtree-b15", "ddtree-auto", "ddtree-b15-graphs", "ddtree-auto-graphs"]  # fmt: skip
+    # Phase A of graph servers only (--budgets-a= --graphs 15,64,auto): no port shared.
+    args.budgets_a, args.budgets_b = [], []
+    only = crossover.servers_for(tmp_path, args, [], "0.5.13",
+                                 graphs=crossover._graph_budgets("15,64,auto"))  # fmt: skip
+    assert {n: p for n, (p, _) in only.items()} == {
+        "plain": 30000, "dflash": 30001, "ddtree-g15": 30003, "ddtree-g64": 30004,
+        "ddtree-gauto": 30005}  # fmt: skip
+    args.budgets_a, args.budgets_b = [64, 15, 32], [128]
     # Phase B's plain and DFLASH are phase A's servers (same commands), so they keep running.
     assert a["plain"] == b["plain"] and a["dflash"] == b["dflash"]
     for _, cmd in (*a.values(), *b.values()):

@@ -329,9 +329,10 @@ class DDTreeWorker(DFlashWorker):
         t0 = time.perf_counter()
         plan = self.policy.plan(bs)
         self._planned += 1
-        # Exploration, re-timing and probe rounds (plan.probe) are always observed, the
-        # others one in OBSERVE_EVERY: timing and statistics cost host time every round.
-        observed = plan.probe or self._planned % self.OBSERVE_EVERY == 0
+        # Exploration and re-timing rounds (plan.timed) and probe rounds (plan.probe) are
+        # always observed, the others one in OBSERVE_EVERY: timing and statistics cost
+        # host time every round.
+        observed = plan.timed or plan.probe or self._planned % self.OBSERVE_EVERY == 0
         if observed:
             self._parity ^= 1
         current = _Round(batch=bs, plan=plan, parity=self._parity, observed=observed)
@@ -364,9 +365,9 @@ class DDTreeWorker(DFlashWorker):
     def _observe(self, done: Optional["_Round"]) -> None:
         if done is None or not done.end.query():
             return
-        seconds = done.start.elapsed_time(done.end) / 1e3
-        if done.probe_start is not None:
-            seconds -= done.probe_start.elapsed_time(done.probe_end) / 1e3
+        # A round that built the largest tree apart (a probe below the largest budget)
+        # costs more than its width does: reported untimed (ddtree_budget_policy).
+        seconds = None if done.probe is not None else done.start.elapsed_time(done.end) / 1e3
         values, accepted = done.stats.tolist()
         self.policy.observe_prefix(
             done.batch,
@@ -430,15 +431,11 @@ class DDTreeWorker(DFlashWorker):
         if current is not None:
             if probe:
                 # Every candidate's value from one tree at the largest budget (the
-                # best-first tree is a prefix order); its time is not the round's.
-                current.probe_start = torch.cuda.Event(enable_timing=True)
-                current.probe_end = torch.cuda.Event(enable_timing=True)
-                current.probe_start.record()
+                # best-first tree is a prefix order); the round is reported untimed.
                 widest = ddtree_tree.build_tree_from_topk(logprobs, ids, self.budget)
                 values = _tree_stats(widest, None, self._candidates[self.budget])[0]
                 current.probe = self._host_probe[current.parity]
                 current.probe.copy_(values, non_blocking=True)
-                current.probe_end.record()
             current.tree, current.verify_input = tree, verify_input
             self._use_width(budget + 1)
         self._build_s = time.perf_counter() - t0
@@ -486,8 +483,6 @@ class _Round:
     verify_input: Optional[DDTreeVerifyInput] = None
     stats: Optional[torch.Tensor] = None  # pinned [2, candidates up to the round's]
     probe: Optional[torch.Tensor] = None  # pinned [candidates]: the largest tree's values
-    probe_start: Optional[torch.cuda.Event] = None
-    probe_end: Optional[torch.cuda.Event] = None
 
     def __post_init__(self):
         if self.observed:
