@@ -152,6 +152,8 @@ def _children(pid: int) -> list[int]:
 
 
 def _start_and_wait_for_records(out: Path, n: int) -> subprocess.Popen:
+    # 20 trials: far more than the test waits for, so that the bench cannot finish before
+    # the test stops it (with 3, a loaded machine let it finish first: exit 0, not 130).
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -161,7 +163,7 @@ def _start_and_wait_for_records(out: Path, n: int) -> subprocess.Popen:
             "--output",
             str(out),
             "--trials",
-            "3",
+            "20",
             "--num-prompts",
             "5",
             "--max-new-tokens",
