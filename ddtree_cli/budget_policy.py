@@ -58,7 +58,7 @@ known), and the value means are taken over those rounds only, the same rounds fo
 candidate (a mean of small-budget values over all rounds would be biased against the rounds
 at which a larger budget happens to run). A probe below the largest budget costs a round
 more than its own width does (the wider top-K, the second tree, their launches), so such a
-round's time says nothing about its width: the caller reports it untimed, and the rounds
+round's time says nothing about its width: ``observe`` leaves it untimed, and the rounds
 the policy times (``Plan.timed``: exploration and re-timing) are never such probes, a probe
 due then waiting for the next round. On the H200 the probes' extra time, left in, made
 the widths it re-timed look 1-2 ms dearer (of 10-15) than the same widths' rounds on
@@ -68,8 +68,7 @@ Pure Python, standard library only (no torch, no engine): the embedded engine an
 worker call it the same way::
 
     plan = policy.plan(batch)                 # Plan(budget, probe, timed)
-    ... run the round at plan.budget (and, if plan.probe, read the largest tree's values;
-        a probe below the largest budget is reported with seconds=None)
+    ... run the round at plan.budget (and, if plan.probe, read the largest tree's values)
     policy.observe(batch, plan.budget, seconds=..., values={B: sum over rows},
                    accepted={B: drafted tokens accepted, sum over rows})
 """
@@ -396,8 +395,9 @@ class BudgetPolicy:
         """Record a round of ``batch`` requests at ``budget``.
 
         ``seconds``: the round's time, None when it is not representative (a capture, a
-        compile, a probe below the largest budget). ``values``: per candidate budget, the sum over the batch of its tree's
-        value; must hold ``budget`` itself (the verified tree's value) and may hold others
+        compile); a probe below the largest budget (``values`` beyond ``budget``) is taken
+        as untimed here. ``values``: per candidate budget, the sum over the batch of its
+        tree's value; must hold ``budget`` itself (the verified tree's value) and may hold others
         (all of them on a probe round). ``accepted``: per candidate budget up to
         ``budget``, the drafted tokens its tree would have accepted (committed tokens minus
         one per request, summed over the batch); must hold ``budget``, each with its value.
@@ -413,6 +413,8 @@ class BudgetPolicy:
             key = batch_bucket(batch)
             state = self._buckets.setdefault(key, _Bucket())
             width = budget + 1
+            if any(b > budget for b in values):  # a probe apart: dearer than its width
+                seconds = None
             seen = state.seen.get(width, 0)
             state.seen[width] = seen + 1
             if seconds is not None and seconds > 0 and seen >= cfg.warmup_samples:

@@ -281,8 +281,7 @@ class Engine:
         probe = None
         if plan is not None and plan.probe and budget < self.budgets[-1]:
             # Every candidate's value from one tree at the largest budget (a prefix order);
-            # such a round is reported untimed (budget_policy: the policy's timed rounds
-            # are never these).
+            # the policy takes such a round as untimed.
             probe = self._stats(self._tree.build_tree(draft, self.budgets[-1]), b)[0]
         span = min(self.capacity, -(-(longest + width) // self.span_bucket) * self.span_bucket)
         self._captured = False
@@ -293,8 +292,7 @@ class Engine:
         # The round's single host synchronisation.
         host = result.tolist()
         if plan is not None:
-            untimed = self._captured or probe is not None
-            seconds = None if untimed else time.perf_counter() - start
+            seconds = None if self._captured else time.perf_counter() - start
             self._observe(b, budget, seconds, stats, probe)
         return self._commit(host)
 

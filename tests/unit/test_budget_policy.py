@@ -33,12 +33,10 @@ def drive(policy, batch, rounds, cost, accept, value=lambda b: 1.2 * b**0.5):
     for _ in range(rounds):
         plan = policy.plan(batch)
         known = policy.budgets if plan.probe else [b for b in policy.budgets if b <= plan.budget]
-        # As the callers do: a probe below the largest budget is reported untimed.
-        apart = plan.probe and plan.budget < policy.max_budget
         policy.observe(
             batch,
             plan.budget,
-            seconds=None if apart else cost(batch_bucket(batch), plan.budget + 1),
+            seconds=cost(batch_bucket(batch), plan.budget + 1),
             values={b: batch * value(b) for b in known},
             # What each tree up to the round's would have accepted (the prefix order).
             accepted={b: batch * accept(b) for b in policy.budgets if b <= plan.budget},
@@ -218,7 +216,7 @@ def test_exploration_times_every_width_in_turn_and_untimed_rounds_extend_it():
             1,
             plan.budget,
             seconds=None if untimed else 0.01,
-            values={b: 1.0 for b in BUDGETS},
+            values={b: 1.0 for b in BUDGETS if plan.probe or b <= plan.budget},
             accepted={b: 1.0 for b in BUDGETS if b <= plan.budget},
         )
     # A warm-up round each, then 2 timed rounds each, in turn; the untimed round at 15
@@ -268,7 +266,8 @@ def test_a_probe_due_at_a_re_timing_waits_for_the_next_round():
         rounds.append(plan)
         due.append((policy._rounds - 1) % cfg.probe_every == 0)
         policy.observe(1, plan.budget, seconds=0.01 if plan.budget == 15 else 0.02,
-                       values={b: 1.0 for b in BUDGETS}, accepted={plan.budget: 1.0})  # fmt: skip
+                       values={b: 1.0 for b in BUDGETS if plan.probe or b <= plan.budget},
+                       accepted={plan.budget: 1.0})  # fmt: skip
     timed = [i for i, p in enumerate(rounds[:-1]) if p.timed]
     assert len(timed) >= 15 and {rounds[i].budget for i in timed} == {32, 64}
     put_off = 0
@@ -333,3 +332,13 @@ def test_a_rare_slow_round_sets_no_widths_cost():
     assert planned[-1000:].count(64) > 950
     for budget, ms in ((15, 10.0), (32, 10.5), (64, 11.0)):
         assert state["round_ms"][str(budget)] == pytest.approx(ms, rel=0.05)
+
+
+def test_a_probe_below_the_largest_budget_sets_no_cost():
+    policy = BudgetPolicy(BUDGETS, PolicyConfig(min_samples=1, warmup_samples=0))
+    every = {b: 1.0 for b in BUDGETS}
+    policy.observe(1, 15, seconds=0.5, values=every, accepted={15: 1.0})  # a probe apart
+    policy.observe(1, 64, seconds=0.02, values=every, accepted={15: 1.0, 64: 1.0})
+    policy.observe(1, 15, seconds=0.01, values={15: 1.0}, accepted={15: 1.0})
+    timed = policy.snapshot()["buckets"]["1"]["timed_rounds"]
+    assert timed == {"15": 1, "64": 1}  # the probe at 15 untimed, the one at 64 free

@@ -365,9 +365,9 @@ class DDTreeWorker(DFlashWorker):
     def _observe(self, done: Optional["_Round"]) -> None:
         if done is None or not done.end.query():
             return
-        # A round that built the largest tree apart (a probe below the largest budget)
-        # costs more than its width does: reported untimed (ddtree_budget_policy).
-        seconds = None if done.probe is not None else done.start.elapsed_time(done.end) / 1e3
+        # A probe below the largest budget costs more than its width: the policy takes it
+        # as untimed.
+        seconds = done.start.elapsed_time(done.end) / 1e3
         values, accepted = done.stats.tolist()
         self.policy.observe_prefix(
             done.batch,
@@ -431,7 +431,7 @@ class DDTreeWorker(DFlashWorker):
         if current is not None:
             if probe:
                 # Every candidate's value from one tree at the largest budget (the
-                # best-first tree is a prefix order); the round is reported untimed.
+                # best-first tree is a prefix order); the policy leaves the round untimed.
                 widest = ddtree_tree.build_tree_from_topk(logprobs, ids, self.budget)
                 values = _tree_stats(widest, None, self._candidates[self.budget])[0]
                 current.probe = self._host_probe[current.parity]
