@@ -31,7 +31,8 @@ means "call again"):
    start-up, ``auto_failed_ddtree-gauto``); phase A's servers must fit on the GPU together:
    five 8B-cost servers do);
 6. ``profile-ARM-cN``: SGLang's profiler over 20 decode steps of DFLASH and DDTREE at the
-   profile budgets (and the budget-auto server with ``--auto``), at each profile
+   profile budgets (and the budget-auto server with ``--auto``, and the ``--profile-graphs``
+   servers), at each profile
    concurrency (summaries only; the traces are dropped);
 7. phase B: the phase-A DDTREE servers stop, the phase-B budgets start (memory: six 8B-cost
    servers do not fit on one H200 with their KV pools and graphs); ``B-cN`` benches them
@@ -83,8 +84,12 @@ def prompts_at(concurrency: int, per: int, floor: int) -> int:
 
 def commands(state: Path, args, ckpt: str, arms: list[tuple], version: str) -> dict:
     """name -> (port, command) for ``arms`` of (name, arm, budget, port) on ``ckpt``, every
-    server with the same flags but the algorithm (and the KV cap: module docstring)."""
-    flags = ["--max-total-tokens", str(args.max_total_tokens)]
+    server with the same flags but the algorithm (and the KV cap: module docstring).
+    Every server sleeps when idle: SGLang's scheduler otherwise polls its sockets in a busy
+    loop, so the idle servers beside the one a trial runs on keep cores busy, and a round,
+    bound by the host at these sizes, then costs what the core it lands on allows (on the
+    H200 machine one server's host ops ran 30 % slower than another's in the same run)."""
+    flags = ["--max-total-tokens", str(args.max_total_tokens), "--sleep-on-idle"]
     return {name: (port, run.server_cmd(state, arm, ckpt, None, budget, port, args.mem_fraction,
                                         args.max_bs, flags, version))
             for name, arm, budget, port in arms}  # fmt: skip
@@ -271,6 +276,7 @@ def plan(args) -> list[str]:
     steps += [f"A-c{c}" for c in args.concurrency]
     profiled = ["dflash", *[f"ddtree-n{b}" for b in args.profile_budgets]]
     profiled += ["ddtree-nauto"] if args.auto else []
+    profiled += [f"ddtree-g{b}" for b in args.profile_graphs]
     steps += [f"profile-{n}-c{c}" for c in args.profile_concurrency for n in profiled]
     if args.budgets_b:
         steps += ["servers-b"] + [f"B-c{c}" for c in args.concurrency]
@@ -397,6 +403,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=_ints, default=[1, 8, 16, 32, 4, 2])
     p.add_argument("--profile-concurrency", type=_ints, default=[1, 16])
     p.add_argument("--profile-budgets", type=_ints, default=[15, 64])
+    p.add_argument(
+        "--profile-graphs",
+        type=_graph_budgets,
+        default=[],
+        help="--graphs servers (budgets, or auto) profiled too, e.g. 64,auto",
+    )
     p.add_argument("--prompts-per", type=int, default=5, help="prompts per request in flight")
     p.add_argument("--prompts-floor", type=int, default=8)
     p.add_argument("--trials", type=int, default=5)
@@ -425,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--budgets-a may be empty only with --graphs and --no-agree")
     if args.profile_concurrency and not set(args.profile_budgets) <= set(args.budgets_a):
         p.error("--profile-budgets must be phase-A budgets")
+    if not set(args.profile_graphs) <= set(args.graphs):
+        p.error("--profile-graphs must be --graphs entries")
     v = run.Validation(args, folder="map", estimates=ESTIMATES)
     try:
         return crossover(v)

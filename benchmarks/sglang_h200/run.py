@@ -721,6 +721,16 @@ def summarise_trace(path: Path, top: int = 25) -> dict:
         totals[cat][ev["name"]] += float(ev.get("dur", 0.0))
         counts[cat][ev["name"]] += 1
     out: dict = {"trace": path.name}
+    # The GPU's share of the traced time: kernels' first start to last end, and the time
+    # inside that span with no kernel running (host-bound gaps between launches).
+    kernels = sorted((float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0)))
+                     for ev in events if ev.get("ph") == "X" and ev.get("cat") == "kernel" and "ts" in ev)  # fmt: skip
+    if kernels:
+        idle, reach = 0.0, kernels[0][0]
+        for start, end in kernels:
+            idle += max(0.0, start - reach)
+            reach = max(reach, end)
+        out["gpu"] = {"span_us": round(reach - kernels[0][0], 1), "idle_us": round(idle, 1)}
     for cat, by_name in totals.items():
         out[cat] = {
             "total_us": round(sum(by_name.values()), 1),

@@ -185,6 +185,25 @@ def test_trace_summary_of_a_real_profiler_trace(tmp_path):
     assert "kernel" not in summary  # a CPU-only trace has no GPU kernels
 
 
+def test_trace_summary_says_how_long_the_gpu_waited_between_kernels(tmp_path):
+    """The GPU's span and idle time from a trace's kernel events (torch.profiler's Chrome
+    format: ``ph`` "X", ``cat`` "kernel", ``ts`` and ``dur`` in microseconds). A CPU-only
+    machine cannot record kernels, so the events are written out here: two overlapping
+    kernels (streams), a gap of 30 us, a kernel inside another one's span."""
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "a", "ts": 100.0, "dur": 20.0},
+        {"ph": "X", "cat": "kernel", "name": "b", "ts": 110.0, "dur": 20.0},  # to 130
+        {"ph": "X", "cat": "kernel", "name": "c", "ts": 160.0, "dur": 40.0},  # gap 30
+        {"ph": "X", "cat": "kernel", "name": "a", "ts": 170.0, "dur": 10.0},  # inside c
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 500.0},
+    ]
+    trace = tmp_path / "gpu.trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    summary = run.summarise_trace(trace)
+    assert summary["gpu"] == {"span_us": 100.0, "idle_us": 30.0}
+    assert summary["kernel"]["total_us"] == 90.0 and summary["kernel"]["events"] == 4
+
+
 def test_profile_step_drives_sglangs_profiler_api(tmp_path, monkeypatch):
     """`run.py profile` against a stand-in for SGLang's /start_profile and /generate (a real
     SGLang server needs a GPU): the request names the folder and step count, the trace the

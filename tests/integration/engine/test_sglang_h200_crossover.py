@@ -70,6 +70,7 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
     for _, cmd in (*a.values(), *b.values()):
         flags = " ".join(cmd)
         assert "--mem-fraction-static 0.9" in flags and "--max-total-tokens 20000" in flags
+        assert "--sleep-on-idle" in flags  # idle servers leave the cores to the one timed
 
 
 def test_the_map_runs_over_calls_and_resumes(tmp_path):
