@@ -38,9 +38,15 @@ use of a shape pays for allocations, graph capture, compiles; a round the caller
 untimed, such as a capture, does not count). From then on a round's time is modelled as a
 level (what a round at the narrowest width costs now) times the width's time relative to
 it: rounds at the budget in use move the level, and now and then the least recently timed
-other candidate runs once and moves its relative time, measured against the level of that
+other candidate runs and moves its relative time, measured against the level of that
 moment: after ``first_reexplore`` rounds, then twice as long each time up to every
-``reexplore_every`` rounds (a choice made on few samples is checked soon). The
+``reexplore_every`` rounds (a choice made on few samples is checked soon). A re-timing
+runs two rounds in a row and times the second: the first round at a width after rounds at
+another can cost more than the width does (caches, a graph not replayed lately), and a
+single round timed so makes every width but the one in use look dearer. On the H200
+(patched SGLang 0.5.13, the 8B-cost pair) single re-timing rounds took 0.5-1.3 ms more, of
+10-14, than the same width's rounds on a fixed-budget server (part of it the servers'
+host speed), and a bucket kept a budget that a fixed one beat by 8 %. The
 choice depends on relative times only, so a machine that gets busier or quieter (other
 jobs, a longer context) moves every candidate's cost together instead of making the
 budget in use look worse than candidates timed long ago. Both, and the exploration's cost
@@ -290,6 +296,8 @@ class _Bucket:
     level: _Window | None = None
     relative: dict[int, _Window] = field(default_factory=dict)
     last_timed: dict[int, int] = field(default_factory=dict)  # width -> round index
+    retime: int | None = None  # a re-timing's budget, its timed round still to plan
+    warm: int | None = None  # the width whose next observed round is a re-timing's first
 
     def cost(self, width: int) -> float | None:
         if self.level is not None:
@@ -358,6 +366,9 @@ class BudgetPolicy:
                 or (self._rounds - 1) % cfg.probe_every == 0
                 or any(self._values[b].n == 0 for b in self.budgets)
             )
+            if state.retime is not None:  # a re-timing's second round: the one timed
+                budget, state.retime = state.retime, None
+                return self._timed_plan(budget, probe)
             exploring = [b for b in self.budgets if not self._timed_enough(state, b)]
             if exploring:  # the least run first, then the smallest
                 return self._timed_plan(
@@ -372,7 +383,11 @@ class BudgetPolicy:
                 state.retimings += 1
                 others = [b for b in self.budgets if b != state.budget]
                 stalest = min(others, key=lambda b: state.last_timed.get(b + 1, -1))
-                return self._timed_plan(stalest, probe)
+                # Two rounds in a row: the first pays for the switch and is not timed (a
+                # probe due rides on it), the second is.
+                state.retime, state.warm = stalest, stalest + 1
+                self._probe_due = False
+                return Plan(stalest, probe, timed=True)
             self._probe_due = False
             return Plan(state.budget, probe)
 
@@ -395,8 +410,9 @@ class BudgetPolicy:
         """Record a round of ``batch`` requests at ``budget``.
 
         ``seconds``: the round's time, None when it is not representative (a capture, a
-        compile); a probe below the largest budget (``values`` beyond ``budget``) is taken
-        as untimed here. ``values``: per candidate budget, the sum over the batch of its
+        compile); a probe below the largest budget (``values`` beyond ``budget``) and the
+        first round of a re-timing are taken as untimed here. Rounds are reported in the
+        order they ran; every ``Plan.timed`` round must be (one lost costs a sample). ``values``: per candidate budget, the sum over the batch of its
         tree's value; must hold ``budget`` itself (the verified tree's value) and may hold others
         (all of them on a probe round). ``accepted``: per candidate budget up to
         ``budget``, the drafted tokens its tree would have accepted (committed tokens minus
@@ -415,6 +431,8 @@ class BudgetPolicy:
             width = budget + 1
             if any(b > budget for b in values):  # a probe apart: dearer than its width
                 seconds = None
+            if state.warm == width:  # a re-timing's first round: it pays for the switch
+                state.warm, seconds = None, None
             seen = state.seen.get(width, 0)
             state.seen[width] = seen + 1
             if seconds is not None and seconds > 0 and seen >= cfg.warmup_samples:
