@@ -220,12 +220,13 @@ def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel
         assert torch.equal(getattr(ct, name), getattr(cp, name)), name
 
 
-def check_tree(lp, ids, budget) -> None:
-    """The tree kernel against the PyTorch path, with its floor from chains and without."""
+def check_tree(lp, ids, budget, floors=(1, 0)) -> None:
+    """The tree kernel against the PyTorch path, with its floor from chains and without (the
+    settings of ``tree_exit`` in ``floors``)."""
     tp = dt.build_tree_from_topk(lp, ids, budget, use_triton=False)
     chosen = dt._TUNING["tree_exit"]
     try:
-        for exit_on in (1, 0):
+        for exit_on in floors:
             dt._TUNING["tree_exit"] = exit_on
             tt = dt.build_tree_from_topk(lp, ids, budget, use_triton=True)
             for name in ("tokens", "parents", "depths", "visibility", "num_nodes", "scores"):
@@ -323,8 +324,13 @@ def main() -> int:
     ap.add_argument(
         "--tune",
         action="store_true",
-        help="first pick the kernels' warp divisors at batch 1 and 32, budget 64 (graph),"
-        " on the --logits kind",
+        help="first pick the kernels' warp divisors and the tree kernel's switches (tree_rise,"
+        " tree_narrow) at batch 1 and 32, budget 64 (graph), on the --logits kind",
+    )
+    ap.add_argument(
+        "--tune-keys",
+        default="",
+        help="with --tune, only these settings (comma-separated _TUNING keys; default: all)",
     )
     for key, default in dt._TUNING.items():
         ap.add_argument("--" + key.replace("_", "-"), type=type(default), default=default)
@@ -416,12 +422,14 @@ def stage_inputs(args, dev, gen, b: int, budget: int) -> tuple:
 
 
 def tune(args, dev, gen) -> None:
-    """Pick each warp divisor by the summed graph time of its stage at the target cells."""
+    """Pick each warp divisor, one after another, and the tree kernel's two switches
+    together (every combination), by the summed graph time of its stage at the target
+    cells. A tree setting whose trees differ from the PyTorch path's is skipped."""
     choices = {
-        "select_div": (512, 256, 1024),
-        "tree_div": (128, 256, 512, 1024),
-        "row_div": (64, 32, 128),
-        "tree_rise": (0, 1),
+        ("select_div",): (512, 256, 1024),
+        ("tree_div",): (128, 256, 512, 1024),
+        ("row_div",): (64, 32, 128),
+        ("tree_rise", "tree_narrow"): ((0, 0), (1, 0), (0, 1), (1, 1)),
     }
     cells = []
     for b in (1, 32):
@@ -431,30 +439,42 @@ def tune(args, dev, gen) -> None:
         logits, budget, lp, ids, tree, roots, prefix, numel, target = cell
         if key == "select_div":
             return [lambda: dt._triton_topk_logprobs(logits, budget)]
-        if key in ("tree_div", "tree_rise"):
+        if key.startswith("tree_"):
             return [lambda: dt.build_tree_from_topk(lp, ids, budget, use_triton=True)]
         return [
             lambda: dt.verify_inputs(tree, roots, prefix, mask_numel=numel, use_triton=True),
             lambda: dt.verify_walk(tree, target, use_triton=True),
         ]
 
-    for key, options in choices.items():
+    wanted = {k for k in args.tune_keys.split(",") if k}
+    unknown = wanted - {k for keys in choices for k in keys}
+    if unknown:
+        raise SystemExit(f"--tune-keys: not tunable: {sorted(unknown)}")
+    for keys, options in choices.items():
+        if wanted and not wanted & set(keys):
+            continue
         results = {}
         for opt in options:
-            dt._TUNING[key] = opt
+            values = opt if isinstance(opt, tuple) else (opt,)
+            dt._TUNING.update(zip(keys, values, strict=True))
             try:
+                if keys[0].startswith("tree_"):
+                    for cell in cells:
+                        check_tree(cell[2], cell[3], cell[1], floors=(dt._TUNING["tree_exit"],))
                 results[opt] = sum(
-                    time_graph(fn, args.iters) for cell in cells for fn in stage_fns(key, cell)
+                    time_graph(fn, args.iters) for cell in cells for fn in stage_fns(keys[0], cell)
                 )
             except Exception as exc:  # a configuration that fails is skipped
-                print(f"# tune {key}={opt}: {exc!r}"[:300], flush=True)
-        if not results:
-            dt._TUNING[key] = options[0]
-            continue
-        best = min(results, key=results.get)
-        dt._TUNING[key] = best
-        summary = {str(k): round(v, 1) for k, v in results.items()}
-        print(f"# tune {key}: µs summed over batch 1 and 32 -> {summary}; best {best}")
+                print(f"# tune {'+'.join(keys)}={opt}: {exc!r}"[:300], flush=True)
+        best = min(results, key=results.get) if results else options[0]
+        values = best if isinstance(best, tuple) else (best,)
+        dt._TUNING.update(zip(keys, values, strict=True))
+        if results:
+            summary = {str(k): round(v, 1) for k, v in results.items()}
+            print(
+                f"# tune {'+'.join(keys)}: µs summed over batch 1 and 32 -> {summary}; best {best}",
+                flush=True,
+            )
 
 
 def breakdown(args, dev, gen, triton_ok: bool) -> int:

@@ -36,7 +36,11 @@ at depths ``1..h`` are ``(j+1) h`` paths scoring at least chain ``j`` at depth `
 ``h = ceil(B / (j+1))`` the best such chain is a floor. Depths whose best candidate is below it
 are not built, a depth where even the best parent's second child is below it is ``A_{d-1}``
 plus the rank-0 log-prob (no sort), and the final choice sorts only the entries at or above
-it. All three are exact: the trees are the PyTorch path's, node for node.
+it. Two switches (``_TUNING``) tighten or narrow that work: ``tree_rise`` raises the floor
+after each sorted depth to the ``B``-th best of the paths seen so far, and ``tree_narrow``
+sorts a depth's candidates at or above the floor in ``B`` lanes (a rectangle of parents by
+ranks that holds all of them) instead of all of the staircase's, when they fit. All of it is
+exact: the trees are the PyTorch path's, node for node.
 
 Ties are broken so that an ancestor always comes before its descendants: within a depth by
 (score desc, parent position asc, rank asc), across depths by (score desc, depth asc,
@@ -684,14 +688,20 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 # Warps per program = clamp(widest tensor // divisor), which the benchmark's --tune picks;
 # and whether the tree kernel computes its floor from chains (the exit, the rank-0 shortcut
 # and the compacted final choice need it): on by default, off only to measure what it saves.
-# `tree_rise` raises that floor as depths are built (fewer depths sorted on drafts shaped
-# like a language model's); off until measured on a GPU (docs/performance.md).
+# `tree_rise` raises that floor after each sorted depth to the budget-th best of the paths
+# seen so far (fewer depths sorted on drafts shaped like a language model's, and a final
+# choice that stays compacted; an earlier rule that rose after every built depth cost
+# branchy and deep rows more than it saved, docs/performance.md). `tree_narrow` sorts a
+# depth BP lanes wide instead of CP when its candidates at or above the floor fit there.
+# Both need the floor, and --tune times both settings; on by default since the H200 run
+# (docs/performance.md): best or within 1 us of the best setting on every kind of row.
 _TUNING: dict[str, int] = {
     "tree_div": 128,
     "select_div": 512,
     "row_div": 64,
     "tree_exit": 1,
-    "tree_rise": 0,
+    "tree_rise": 1,
+    "tree_narrow": 1,
 }
 
 
@@ -808,6 +818,18 @@ def _kernels():
     globals().update(_tt_top_above=_tt_top_above, _tt_floor_value=_tt_floor_value)
 
     @triton.jit
+    def _tt_select(a, ci, logp, pk, cm, KP: tl.constexpr):
+        # A_d from all staircase candidates (i, r), scoring a[i] + logp: the top KP keys and
+        # their values. Keys carry the candidate (i << 16) | r itself as their tie-break:
+        # ascending, it is the staircase's (parent, rank) order, and the sort needs no table
+        # lookup afterwards.
+        score = tl.where(cm, tl.gather(a, ci, 0) + logp, float("-inf"))
+        top = tl.topk(_tt_pack(score, pk), KP)
+        return _tt_value(top), top
+
+    globals().update(_tt_select=_tt_select)
+
+    @triton.jit
     def vocab_select(
         logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
         lp_out, ids_out, k, floor, scratch,
@@ -852,7 +874,7 @@ def _kernels():
         tokens, parents, depths, scores, num_nodes, vis,
         n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
         LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
-        D1: tl.constexpr, BOUND: tl.constexpr, RISE: tl.constexpr,
+        D1: tl.constexpr, BOUND: tl.constexpr, RISE: tl.constexpr, NARROW: tl.constexpr,
     ):  # fmt: skip
         req = tl.program_id(0)
         n: tl.constexpr = budget + 1
@@ -911,24 +933,22 @@ def _kernels():
         s0 = tl.load(lp_r)
         y0 = tl.load(lp_r + D1 * k)
         y1 = tl.load(lp_r + D1 * k + 1, mask=k > 1, other=float("-inf"))
+        if NARROW:
+            # Position d's log-probs by rank (the narrow selection's columns), a depth ahead.
+            row = tl.load(lp_r + D1 * k + j, mask=j < k, other=float("-inf"))
         if RISE:
-            # The floor rises as depths are built: A_1 and A_d, and A_{d-1} and A_d, are
-            # 2 * budget distinct paths each, so the budget-th best of either union is at
-            # most the tree's lowest score too. Of two descending lists X and Y,
-            # max(X[i], Y[budget - 1 - i]) over i < budget is the top `budget` of their
-            # union, and its minimum is that union's budget-th best (a value already stored:
-            # no arithmetic). A depth whose best is below the risen floor takes the rank-0
-            # shortcut below and comes out empty, as do deeper ones.
-            a1 = a
-            rev = tl.where(jm, budget - 1 - j, 0)
+            # Scores of distinct paths seen so far (A_1, then each sorted depth's A_d),
+            # descending: its first `budget` lanes are the best `budget` of them.
+            run = a
+            rev = BP - 1 - j
         for d in range(1, d_end):
             # Prefetch the next depth's log-probs: they do not depend on this depth's result.
             dn = tl.minimum(d + 1, n_pos - 1)
             nxt = tl.load(lp_r + dn * k + cr, mask=cm, other=float("-inf"))
             y0n = tl.load(lp_r + dn * k)
             y1n = tl.load(lp_r + dn * k + 1, mask=k > 1, other=float("-inf"))
-            if RISE:
-                prev = a
+            if NARROW:
+                row_n = tl.load(lp_r + dn * k + j, mask=j < k, other=float("-inf"))
             if s0 + y1 < bound:
                 # Not even the best parent's second child reaches the bound: only rank-0
                 # children can enter the tree, and they keep their parents' order (the
@@ -940,21 +960,61 @@ def _kernels():
                 tl.store(s_r + d * budget + j, a, mask=jm)
                 tl.store(c_r + d * budget + j, j << 16, mask=jm)
             else:
-                score = tl.where(cm, tl.gather(a, ci, 0) + logp, float("-inf"))
-                top = tl.topk(_tt_pack(score, c), BP)
-                a = _tt_value(top)
-                pick = _tt_index(top).to(tl.int32)
+                if NARROW:
+                    # Only candidates at or above the bound ("kept") can matter: an entry of
+                    # A_d below it can never enter the tree, nor can its descendants (a
+                    # child scores at most its parent), so A_d may hold -inf there, as the
+                    # rank-0 shortcut already does (the final choice and the floor use only
+                    # entries at or above it). The kept ones are a prefix of A_d in its
+                    # order, so sorting only them gives the same prefix. `a` and each
+                    # position's log-probs are sorted, so if (i, r) is kept, (i, 0) and
+                    # (0, r) are too (both in the staircase, both scoring at least as much):
+                    # every kept candidate lies in the rectangle of the n_par parents with a
+                    # kept rank-0 child by the n_rank ranks kept under the best parent (s0,
+                    # the best score of depth d - 1, at least a[0]). When that rectangle fits
+                    # in BP lanes, it is laid out row by row, its cells outside the staircase
+                    # or below the bound masked, and sorted BP wide instead of CP, with the
+                    # same keys (ties by (i << 16) | r, the staircase's order).
+                    kept = tl.where((j < budget // 2) & (a + y0 >= bound), 1, 0)
+                    kept += tl.where((j < k) & (j < budget - 1) & (s0 + row >= bound), 1 << 16, 0)
+                    kept = tl.sum(kept, 0)
+                    n_par = kept & 0xFFFF
+                    n_rank = kept >> 16
+                    if n_par * n_rank <= BP:
+                        w = tl.maximum(n_rank, 1)
+                        gi = j // w  # < BP: the gathers stay in range
+                        gr = j - gi * w
+                        g_score = tl.gather(a, gi, 0) + tl.gather(row, gr, 0)
+                        g_ok = (j < n_par * n_rank) & ((gi + 1) * (gr + 2) <= budget) & (gr < k)
+                        g_ok = g_ok & (g_score >= bound)
+                        top = tl.topk(tl.where(g_ok, _tt_pack(g_score, (gi << 16) | gr), -1), BP)
+                        a = tl.where(top >= 0, _tt_value(top), float("-inf"))
+                    else:
+                        a, top = _tt_select(a, ci, logp, pk, cm, BP)
+                else:
+                    a, top = _tt_select(a, ci, logp, pk, cm, BP)
                 tl.store(s_r + d * budget + j, a, mask=jm)
-                tl.store(c_r + d * budget + j, tl.gather(pk, pick, 0), mask=jm)
-            if RISE:
-                a_rev = tl.gather(a, rev, 0)
-                with_first = tl.min(tl.where(jm, tl.maximum(a1, a_rev), float("inf")), 0)
-                with_prev = tl.min(tl.where(jm, tl.maximum(prev, a_rev), float("inf")), 0)
-                bound = tl.maximum(bound, tl.maximum(with_first, with_prev))
+                tl.store(c_r + d * budget + j, _tt_index(top).to(tl.int32), mask=jm)
+                if RISE:
+                    # The floor rises: `run` and A_d are distinct paths, so the budget-th
+                    # best of their union is at most the tree's lowest score. Of two
+                    # descending lists X and Y, max(X[i], Y[BP - 1 - i]) is the top BP of
+                    # their union, in bitonic order: one merge sorts it. Only after sorted
+                    # depths (a rank-0 shortcut depth costs nothing extra). The floor only
+                    # ever rises, so the entries A_d holds as -inf (below an earlier floor)
+                    # change no floor: they are below it. A depth whose best is below the
+                    # risen floor takes the rank-0 shortcut and comes out empty, as do
+                    # deeper ones.
+                    a_rev = tl.gather(tl.where(jm, a, float("-inf")), rev, 0)
+                    run = tl.bitonic_merge(tl.maximum(run, a_rev), descending=True)
+                    run_kth = tl.min(tl.where(jm, run, float("inf")), 0)
+                    bound = tl.maximum(bound, run_kth)
             s0 = s0 + y0
             y0 = y0n
             y1 = y1n
             logp = nxt
+            if NARROW:
+                row = row_n
         tl.debug_barrier()
         # The global top `budget` over all depths, ties by (depth, position).
         f = tl.arange(0, LBP)
@@ -1190,7 +1250,8 @@ def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
         tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8),
         n_pos=n_pos, budget=budget, BP=bp, CP=cp, LBP=lbp, LP=_pow2(n_pos),
         NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), BOUND=bool(_TUNING["tree_exit"]),
-        RISE=bool(_TUNING["tree_exit"] and _TUNING["tree_rise"]), num_warps=warps,
+        RISE=bool(_TUNING["tree_exit"] and _TUNING["tree_rise"]),
+        NARROW=bool(_TUNING["tree_exit"] and _TUNING["tree_narrow"]), num_warps=warps,
     )  # fmt: skip
     return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)
 

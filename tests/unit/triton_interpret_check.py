@@ -8,6 +8,7 @@ and speed are not; the GPU benchmark checks the compiled kernels the same way.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ from ddtree_cli import draft_tree as dt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import draft_tree_gpu as gpu_bench  # noqa: E402
-from tree_floor import floor_trace  # noqa: E402
+from tree_floor import trace  # noqa: E402
 
 _patch_lang_tensor = interpreter._patch_lang_tensor
 
@@ -32,30 +33,104 @@ def _patch_with_index(tensor, scope):
 interpreter._patch_lang_tensor = _patch_with_index
 
 
+def traces(lp: torch.Tensor, budget: int) -> tuple:
+    """Per request, the tree kernel's decisions under the current ``_TUNING`` (the model of
+    ``benchmarks/tree_floor.py``), and the requests' ``A_d`` from the PyTorch path."""
+    lp = lp.float()
+    scores, ranks, parent_pos = dt._select_per_depth(lp, budget)
+    ts = [trace(row, sc, budget) for row, sc in zip(lp, scores, strict=True)]
+    return ts, scores, (parent_pos << 16) | ranks
+
+
 def exit_depths(lp: torch.Tensor, budget: int) -> list:
-    """Per request, the first depth the tree kernel does not build (None: it builds every
-    depth; with ``tree_rise`` the depths after it are sorted by no one and come out empty)."""
-    scores, _, _ = dt._select_per_depth(lp.float(), budget)
-    return [floor_trace(row, sc, budget)[2] for row, sc in zip(lp.float(), scores, strict=True)]
+    """Per request, the first depth the tree kernel leaves empty (None: it builds every
+    depth; past the chain floor's last depth nothing is built, past a risen floor's the
+    depths come out empty)."""
+    return [t.exit for t in traces(lp, budget)[0]]
 
 
 TAKEN: set = set()
 
 
-def note_regimes(lp: torch.Tensor, budget: int) -> None:
-    """Which branches of the tree kernel these inputs take: a depth built by the rank-0
-    shortcut (the best parent's second child is below the floor) or by the sort, and the final
-    choice over at most 2 BP entries at or above the floor (compacted) or over all of them."""
-    bp = max(2, dt._pow2(budget))
-    scores, _, _ = dt._select_per_depth(lp.float(), budget)
-    for r, row in enumerate(lp.float()):
-        built, bound, stop = floor_trace(row, scores[r], budget)
-        for d, floor in enumerate(built, start=1):
-            second = scores[r, d - 1, 0] + (row[d, 1] if row.shape[1] > 1 else float("-inf"))
-            TAKEN.add(("depth", "rank-0" if second < floor else "sorted"))
-        end = stop - 1 if stop else row.shape[0]  # depths 1..end are built
-        kept = (scores[r, :end] >= bound).sum()
-        TAKEN.add(("final", "compacted" if kept <= 2 * bp else "whole"))
+def regime(how: str) -> str:
+    if how == "sorted" and dt._TUNING["tree_narrow"]:
+        return "whole"  # the narrow selection's fallback: the rectangle is too large
+    return how
+
+
+def note_regimes(lp: torch.Tensor, budget: int, buffers: tuple | None = None) -> None:
+    """Which branches of the tree kernel these inputs take: per depth the rank-0 shortcut,
+    the sort of all CP candidate lanes ("sorted", or "whole" as the narrow selection's
+    fallback) or of the BP-lane rectangle ("narrow"); the final choice over at most 2 BP
+    entries at or above the floor ("compacted") or over all of them ("whole").
+
+    With ``buffers``, the kernel's own per-depth scores and candidates (``s_buf``, ``c_buf``)
+    show what it did: a shortcut depth holds its parents' positions in order, every sorted
+    depth the PyTorch path's A_d at and above the modelled floor; a narrow one -inf below it
+    (where the sort of all lanes keeps real scores, which a whole one shows)."""
+    ts, scores, cands = traces(lp, budget)
+    for r, t in enumerate(ts):
+        chain_floor = t.depths[0].floor if t.depths else float("inf")
+        for x in t.depths:
+            if x.how != "empty":
+                TAKEN.add(("depth", regime(x.how)))
+            if buffers is None or budget < 2:
+                continue
+            d = x.depth - 1
+            s, c = buffers[0][r, d], buffers[1][r, d]
+            shortcut = int(c[budget - 1]) == (budget - 1) << 16  # never a staircase candidate
+            assert shortcut == (x.how in ("empty", "rank-0")), (r, x, c.tolist())
+            if shortcut:
+                continue
+            exact = scores[r, d]
+            above = exact >= x.floor
+            assert torch.equal(s[above], exact[above]), (r, x)
+            assert torch.equal(c[above], cands[r, d][above].to(c.dtype)), (r, x)
+            below = s[~above]
+            if x.how == "narrow":
+                assert bool((below == float("-inf")).all()), (r, x, below.tolist())
+                if bool((exact[~above] > float("-inf")).any()):
+                    TAKEN.add(("seen", "narrow"))
+                if bool((exact[~above] >= chain_floor).any()):
+                    TAKEN.add(("seen", "narrow under a risen floor"))
+                if int((exact == x.floor).sum()) > 1:
+                    TAKEN.add(("seen", "narrow with ties at the floor"))
+            elif bool((below > float("-inf")).any()):
+                TAKEN.add(("seen", regime(x.how)))
+        TAKEN.add(("final", t.final))
+
+
+@contextmanager
+def allocations():
+    """The tensors ``torch.empty`` makes meanwhile (the tree kernel's buffers among them)."""
+    made: list = []
+    empty = torch.empty
+
+    def recording(*args, **kwargs):
+        made.append(empty(*args, **kwargs))
+        return made[-1]
+
+    torch.empty = recording
+    try:
+        yield made
+    finally:
+        torch.empty = empty
+
+
+def check_tree_kernel(lp: torch.Tensor, ids: torch.Tensor, budget: int, floors=(1, 0)) -> None:
+    """The tree kernel against the PyTorch path (``tree_exit`` in ``floors``), then which
+    branches it took, from the buffers of its first run (``s_buf``, ``c_buf``: the first
+    float32 and int32 tensors of their shape; the PyTorch path makes none)."""
+    with allocations() as made:
+        gpu_bench.check_tree(lp, ids, budget, floors)
+    shape = (lp.shape[0], lp.shape[1], budget)
+    s_buf = next(t for t in made if t.shape == shape and t.dtype == torch.float32)
+    c_buf = next(t for t in made if t.shape == shape and t.dtype == torch.int32)
+    note_regimes(lp, budget, (s_buf, c_buf) if floors[0] else None)
+
+
+def mode() -> str:
+    return f"rise={dt._TUNING['tree_rise']} narrow={dt._TUNING['tree_narrow']}"
 
 
 def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int,
@@ -86,7 +161,8 @@ def check(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int,
 
 
 def check_tree(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: int,
-               spike: int = 0, want_exit=..., height: float = 14.0) -> None:  # fmt: skip
+               spike: int = 0, want_exit=..., height: float = 14.0,
+               floors=(1, 0)) -> None:  # fmt: skip
     """The tree kernel alone (each per-depth selection strategy) at larger budgets."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(b, n_pos, vocab, generator=gen) * 2
@@ -96,30 +172,43 @@ def check_tree(b: int, n_pos: int, vocab: int, budget: int, ties: bool, seed: in
     lp, ids = dt.topk_logprobs(x.to(torch.bfloat16), budget, use_triton=False)
     exits = exit_depths(lp, budget)
     assert want_exit is ... or exits == want_exit, exits
-    note_regimes(lp, budget)
-    gpu_bench.check_tree(lp, ids, budget)
-    rise = dt._TUNING["tree_rise"]
-    print(f"ok tree b={b} L={n_pos} V={vocab} B={budget} ties={ties} rise={rise} exit={exits}")
+    check_tree_kernel(lp, ids, budget, floors)
+    print(f"ok tree b={b} L={n_pos} V={vocab} B={budget} ties={ties} {mode()} exit={exits}")
 
 
-def check_zipf(b: int, n_pos: int, vocab: int, budget: int, seed: int) -> None:
-    """Rows shaped like a language model's (the GPU benchmark's ``zipf``): the tree kernel in
-    both floor modes against the PyTorch path, and the risen floor stopping the build
-    earlier than the chain floor alone (depths not built, 15 + 1 for a full build)."""
+def check_zipf(b: int, n_pos: int, vocab: int, budget: int, seed: int, ties: bool = False,
+               modes=None, floors=(1, 0)) -> None:  # fmt: skip
+    """Rows shaped like a language model's (the GPU benchmark's ``zipf``; ``ties``: logits
+    rounded to halves, so equal scores at the floor): the tree kernel under each floor and
+    selection rule in ``modes`` (default: all) against the PyTorch path (``floors`` for the
+    first), and without ties the risen floor stopping the build earlier than the chain
+    floor alone (the first empty depth, 15 + 1 for a full build)."""
     gen = torch.Generator().manual_seed(seed)
     x = gpu_bench.draft_logits((b, n_pos, vocab), "zipf", gen, torch.device("cpu"))
+    if ties:
+        x = (x.float() * 2).round().to(torch.bfloat16)
     lp, ids = dt.topk_logprobs(x, budget, use_triton=False)
     stops = {}
-    for rise in (0, 1):
-        dt._TUNING["tree_rise"] = rise
-        gpu_bench.check_tree(lp, ids, budget)
+    for i, (rise, narrow) in enumerate(MODES if modes is None else modes):
+        dt._TUNING.update(tree_rise=rise, tree_narrow=narrow)
+        check_tree_kernel(lp, ids, budget, floors if i == 0 else (1,))
         stops[rise] = [e or n_pos + 1 for e in exit_depths(lp, budget)]
-        note_regimes(lp, budget)
-    dt._TUNING["tree_rise"] = 0
-    assert all(r <= c for r, c in zip(stops[1], stops[0], strict=True)), stops
-    assert sum(stops[1]) < sum(stops[0]), stops
-    print(f"ok zipf b={b} L={n_pos} V={vocab} B={budget} stop chain={stops[0]} rise={stops[1]}")
+    dt._TUNING.update(DEFAULTS)
+    if len(stops) == 2:
+        assert all(r <= c for r, c in zip(stops[1], stops[0], strict=True)), stops
+    if len(stops) == 2 and not ties:
+        assert sum(stops[1]) < sum(stops[0]), stops
+    stops.setdefault(0, "-")
+    print(
+        f"ok zipf b={b} L={n_pos} V={vocab} B={budget} ties={ties}"
+        f" stop chain={stops[0]} rise={stops.get(1, '-')}"
+    )
 
+
+# (tree_rise, tree_narrow): the floor from chains alone or raised after each sorted depth;
+# each sorted depth over all CP staircase lanes or, when they fit, over a BP-lane rectangle.
+MODES = [(0, 0), (1, 1), (0, 1), (1, 0)]
+DEFAULTS = dict(dt._TUNING)  # restored after each check that changes it
 
 CASES = [
     # (batch, positions, vocab, budget, ties)
@@ -155,11 +244,29 @@ if __name__ == "__main__":
     for i, case in enumerate(CASES):
         check(*case[:5], i, *case[5:])
     check_zipf(4, 15, 1500, 64, 200)
-    for rise in (0, 1):  # the floor from chains alone, then raised as depths are built
-        dt._TUNING["tree_rise"] = rise
-        for i, case in enumerate(TREE_CASES):
-            check_tree(*case[:5], 100 + i, *case[5:])
-    want = {("depth", "rank-0"), ("depth", "sorted"), ("final", "compacted"), ("final", "whole")}
-    assert want == TAKEN, f"branches not taken: {want - TAKEN}"
+    # The narrow selection with equal scores at the floor, and at a budget that is not a
+    # power of two (the rectangle BP = 64 lanes wide, A_d 48).
+    check_zipf(2, 15, 1500, 64, 201, ties=True, modes=MODES[1:3], floors=(1,))
+    check_zipf(2, 15, 1500, 48, 200, modes=MODES[1:3], floors=(1,))
+    for i, (rise, narrow) in enumerate(MODES[:2]):
+        dt._TUNING.update(tree_rise=rise, tree_narrow=narrow)
+        for j, case in enumerate(TREE_CASES):
+            check_tree(*case[:5], 100 + j, *case[5:], floors=(1, 0) if i == 0 else (1,))
+    dt._TUNING.update(DEFAULTS)
+    want = {
+        ("depth", "rank-0"),
+        ("depth", "sorted"),
+        ("depth", "narrow"),
+        ("depth", "whole"),
+        ("final", "compacted"),
+        ("final", "whole"),
+        # what the kernel's own buffers showed
+        ("seen", "sorted"),
+        ("seen", "narrow"),
+        ("seen", "whole"),
+        ("seen", "narrow under a risen floor"),
+        ("seen", "narrow with ties at the floor"),
+    }
+    assert want == TAKEN, f"branches not taken: {want - TAKEN}, unknown: {TAKEN - want}"
     print(f"ok every branch of the tree kernel taken: {sorted(TAKEN)}")
     sys.exit(0)
