@@ -46,7 +46,13 @@ another can cost more than the width does (caches, a graph not replayed lately),
 single round timed so makes every width but the one in use look dearer. On the H200
 (patched SGLang 0.5.13, the 8B-cost pair) single re-timing rounds took 0.5-1.3 ms more, of
 10-14, than the same width's rounds on a fixed-budget server (part of it the servers'
-host speed), and a bucket kept a budget that a fixed one beat by 8 %. The
+host speed), and a bucket kept a budget that a fixed one beat by 8 %. A width far off
+the budget in use waits longer for its turn: ``(r_in_use / ((1 + hysteresis) * r_width))
+** 2`` times the gap, at most ``retime_stretch`` times (a re-timing is worth its cost when
+it could change the choice, and a far-off width's costs most: on the H200 at bucket 32
+widths 33 and 65 cost 1.6 and 2.8 times width 16, and their re-timings and exploration
+took 5 % of the bucket's time in a five-trial bench); the expected rates move with every
+round's values, so a width that comes near is re-timed on the usual schedule again. The
 choice depends on relative times only, so a machine that gets busier or quieter (other
 jobs, a longer context) moves every candidate's cost together instead of making the
 budget in use look worse than candidates timed long ago. Both, and the exploration's cost
@@ -192,6 +198,7 @@ class PolicyConfig:
     probe_every: int = 32  # rounds between reads of every candidate's value
     first_reexplore: int = 16  # rounds of a bucket before its first re-timing of another width
     reexplore_every: int = 256  # ... and the most between two, the gap doubling up to it
+    retime_stretch: float = 4.0  # the most a far-off width's wait between re-timings grows
     history: int = 32  # budget changes kept for snapshot()
 
     def __post_init__(self):
@@ -209,6 +216,8 @@ class PolicyConfig:
             raise ValueError("calibration_prior must be >= 0")
         if min(self.probe_every, self.first_reexplore, self.reexplore_every) < 1:
             raise ValueError("probe_every, first_reexplore and reexplore_every must be >= 1")
+        if self.retime_stretch < 1:
+            raise ValueError("retime_stretch must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -381,13 +390,13 @@ class BudgetPolicy:
             if state.since_reexplore >= gap and len(self.budgets) > 1:
                 state.since_reexplore = 0
                 state.retimings += 1
-                others = [b for b in self.budgets if b != state.budget]
-                stalest = min(others, key=lambda b: state.last_timed.get(b + 1, -1))
-                # Two rounds in a row: the first pays for the switch and is not timed (a
-                # probe due rides on it), the second is.
-                state.retime, state.warm = stalest, stalest + 1
-                self._probe_due = False
-                return Plan(stalest, probe, timed=True)
+                stalest = self._due_retiming(key, state, gap)
+                if stalest is not None:
+                    # Two rounds in a row: the first pays for the switch and is not timed
+                    # (a probe due rides on it), the second is.
+                    state.retime, state.warm = stalest, stalest + 1
+                    self._probe_due = False
+                    return Plan(stalest, probe, timed=True)
             self._probe_due = False
             return Plan(state.budget, probe)
 
@@ -508,6 +517,35 @@ class BudgetPolicy:
 
     # ---- internals -------------------------------------------------------------------
 
+    def retime_stretch(self, batch: int, budget: int) -> float:
+        """How many times the usual gap ``budget`` waits between re-timings in ``batch``'s
+        bucket: ``(r_in_use / ((1 + hysteresis) * r_budget)) ** 2`` from the expected rates,
+        between 1 (a width within the hysteresis of the budget in use, or either rate
+        unknown) and ``retime_stretch``."""
+        state = self._buckets.get(batch_bucket(batch))
+        if state is None or state.budget is None or budget == state.budget:
+            return 1.0
+        mine = self.expected_rate(batch, budget)
+        current = self.expected_rate(batch, state.budget)
+        if mine is None or current is None or mine <= 0:
+            return 1.0
+        far = (current / ((1 + self.config.hysteresis) * mine)) ** 2
+        return min(self.config.retime_stretch, max(1.0, far))
+
+    def _due_retiming(self, key: int, state: _Bucket, gap: int) -> int | None:
+        """At a re-timing's turn: the least recently timed other candidate among those due
+        (near ones always, a far-off one once ``gap`` times its stretch rounds have passed
+        since its last timing), or None."""
+        due = []
+        for b in self.budgets:
+            if b == state.budget:
+                continue
+            stretch = self.retime_stretch(key, b)
+            since = state.rounds - state.last_timed.get(b + 1, 0)
+            if stretch <= 1.0 or since >= gap * stretch:
+                due.append(b)
+        return min(due, key=lambda b: state.last_timed.get(b + 1, -1)) if due else None
+
     def _timed_enough(self, state: _Bucket, budget: int) -> bool:
         # Untimed rounds (captures) past the warm-up extend the exploration.
         width = budget + 1
@@ -571,6 +609,11 @@ class BudgetPolicy:
                         str(b): None if r is None else round(r, 3)
                         for b in self.budgets
                         for r in [self.expected_rate(key, b)]
+                    },
+                    "retime_stretch": {
+                        str(b): round(self.retime_stretch(key, b), 3)
+                        for b in self.budgets
+                        if b != state.budget
                     },
                 }
             return {

@@ -231,8 +231,9 @@ def test_exploration_times_every_width_in_turn_and_untimed_rounds_extend_it():
 
 
 def test_re_timings_come_soon_after_the_exploration_then_less_often():
+    # Rates within the hysteresis of each other: no width is far off (no stretch).
     policy = BudgetPolicy(BUDGETS, PolicyConfig(first_reexplore=8, reexplore_every=64))
-    planned = drive(policy, 1, 400, lambda *_: 0.01, accept=lambda b: 1.0 + b / 32)
+    planned = drive(policy, 1, 400, lambda *_: 0.01, accept=lambda b: 1.0 + b / 3200)
     explored = 3 * (policy.config.warmup_samples + policy.config.min_samples)
     chosen = policy.budget_for(1)
     others = [i for i, b in enumerate(planned) if b != chosen and i >= explored]
@@ -263,14 +264,16 @@ def test_a_probe_due_at_a_re_timing_rides_on_its_first_round_or_waits():
     # largest is timed without it and the next round probes instead; none is lost.
     cfg = PolicyConfig(probe_every=3, first_reexplore=4, reexplore_every=4)
     policy = BudgetPolicy(BUDGETS, cfg)
-    drive(policy, 1, 200, lambda _b, w: 0.01 if w == 16 else 0.02, accept=lambda b: 1.0)
+    # 15 the best by 2 %: the others are near, re-timed on the usual schedule.
+    drive(policy, 1, 200, lambda _b, w: 0.01 if w == 16 else 0.0102, accept=lambda b: 1.0,
+          value=lambda b: 1.0)  # fmt: skip
     assert policy.budget_for(1) == 15
     rounds, due = [], []
     for _ in range(120):
         plan = policy.plan(1)
         rounds.append(plan)
         due.append((policy._rounds - 1) % cfg.probe_every == 0)
-        policy.observe(1, plan.budget, seconds=0.01 if plan.budget == 15 else 0.02,
+        policy.observe(1, plan.budget, seconds=0.01 if plan.budget == 15 else 0.0102,
                        values={b: 1.0 for b in BUDGETS if plan.probe or b <= plan.budget},
                        accepted={plan.budget: 1.0})  # fmt: skip
     timed = [i for i, p in enumerate(rounds) if p.timed]
@@ -328,6 +331,7 @@ def test_snapshot_is_json_and_names_the_budget_per_bucket():
     bucket = snap["buckets"]["4"]
     assert bucket["budget"] in BUDGETS
     assert set(bucket["round_ms"]) == {"15", "32", "64"}
+    assert set(bucket["retime_stretch"]) == {"15", "32", "64"} - {str(bucket["budget"])}
     assert set(snap["calibration"]) == {"15", "32", "64"}
     assert snap["value_per_request"]["64"] > snap["value_per_request"]["15"]
 
@@ -381,3 +385,33 @@ def test_a_probe_below_the_largest_budget_sets_no_cost():
     policy.observe(1, 15, seconds=0.01, values={15: 1.0}, accepted={15: 1.0})
     timed = policy.snapshot()["buckets"]["1"]["timed_rounds"]
     assert timed == {"15": 1, "64": 1}  # the probe at 15 untimed, the one at 64 free
+
+
+def test_a_far_off_width_is_re_timed_less_often_and_still_found_when_it_wins():
+    # Bucket 32 on the H200 (the 8B-cost pair, 2026-12-04): widths 16, 33, 65 at 22.7,
+    # 37.3, 62.7 ms a round; 32 and 64 commit 0.64 and 0.42 of 15's tokens per second.
+    # A re-timing of either can hardly change the choice, and each costs 15-40 ms more
+    # than a round at 15: they wait 1.9 and 4 (the cap) times the usual gap.
+    ms = {16: 22.7, 33: 37.3, 65: 62.7}
+    accept = {15: 5.1, 32: 5.4, 64: 6.0}.get
+
+    def run(stretch):
+        policy = BudgetPolicy(BUDGETS, PolicyConfig(retime_stretch=stretch))
+        planned = drive(policy, 32, 3000, lambda _b, w: ms[w] * 1e-3, accept, accept)
+        assert policy.budget_for(32) == 15
+        explored = 3 * (policy.config.warmup_samples + policy.config.min_samples)
+        return policy, collections.Counter(b for b in planned[explored:] if b != 15)
+
+    _, usual = run(1.0)
+    policy, stretched = run(4.0)
+    assert policy.retime_stretch(32, 32) == pytest.approx((0.269 / 0.172 / 1.05) ** 2, rel=0.03)
+    assert policy.retime_stretch(32, 64) == 4.0 and policy.retime_stretch(32, 15) == 1.0
+    assert policy.snapshot()["buckets"]["32"]["retime_stretch"]["64"] == 4.0
+    assert usual == {32: 14, 64: 14}  # a re-timing (two rounds) at every turn
+    assert set(stretched) == {32, 64}  # neither is left untimed
+    assert stretched[32] <= usual[32] // 2 and stretched[64] <= usual[64] // 3
+    # The far-off width becomes twice as good as the one in use: its re-timings, rarer,
+    # still find it.
+    ms[65] = 12.0
+    planned = drive(policy, 32, 8000, lambda _b, w: ms[w] * 1e-3, accept, accept)
+    assert policy.budget_for(32) == 64 and planned[-500:].count(64) > 480
