@@ -102,13 +102,18 @@ def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool 
     DDTREE server with ``--speculative-ddtree-budget auto`` (``ddtree-nauto``) after them;
     then one ``ddtree-gB`` server per entry of ``graphs`` (a budget or ``auto``), the same
     DDTREE server started with ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (the round's draft head and
-    tree build replayed from CUDA graphs), so that both run side by side in one bench."""
+    tree build replayed from CUDA graphs), so that both run side by side in one bench. The
+    ``ddtree-n*`` servers get ``SGLANG_DDTREE_ROUND_GRAPHS=0``: eager in every layout (the
+    v1 worker's default is on)."""
     every = args.budgets_a + args.budgets_b
     arms = [("plain", "plain", None, args.base), ("dflash", "dflash", None, args.base + 1)]
     arms += [(f"ddtree-n{b}", "ddtree", b, args.base + 2 + every.index(b)) for b in budgets]
     if auto:
         arms.append(("ddtree-nauto", "ddtree", "auto", args.base + 2 + len(every)))
     out = commands(state, args, args.ckpt, arms, version)
+    for name, (port, cmd) in list(out.items()):
+        if name.startswith("ddtree-"):
+            out[name] = (port, ["env", f"{GRAPHS_ENV}=0", *cmd])
     graph_arms = [(f"ddtree-g{b}", "ddtree", b, args.base + 3 + len(every) + i)
                   for i, b in enumerate(graphs)]  # fmt: skip
     for name, (port, cmd) in commands(state, args, args.ckpt, graph_arms, version).items():

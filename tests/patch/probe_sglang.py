@@ -1105,6 +1105,38 @@ def round_graphs_case():
 
 
 out["round_graphs"] = round_graphs_case()
+
+
+def round_graphs_switch():
+    """``round_graphs_requested`` per value of its environment variable, under each
+    default; and the warnings it logs."""
+    import logging
+    import os
+
+    from sglang.srt.speculative import ddtree_round_graphs as rg
+
+    saved = os.environ.pop(rg.ENV, None)
+    warned = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warned.append(record.getMessage())
+    rg.logger.addHandler(handler)
+    try:
+        got = {}
+        for value in (None, "", "1", "ON", " yes ", "0", "off", "False", "maybe"):
+            if value is None:
+                os.environ.pop(rg.ENV, None)
+            else:
+                os.environ[rg.ENV] = value
+            got[repr(value)] = [rg.round_graphs_requested(d) for d in (False, True)]
+        return {"requested": got, "warned": warned}
+    finally:
+        rg.logger.removeHandler(handler)
+        os.environ.pop(rg.ENV, None)
+        if saved is not None:
+            os.environ[rg.ENV] = saved
+
+
+out["round_graphs"]["switch"] = round_graphs_switch()
 if not V2:
     # The v1 worker captures them only on one CUDA rank: here (CPU) it declines.
     worker = object.__new__(TreeWorker)
@@ -1117,6 +1149,7 @@ if not V2:
     worker.tp_rank = 0
     worker.block_size, worker.budget, worker.policy = 16, 15, None
     out["round_graphs"]["worker_on_cpu"] = worker._capture_round_graphs(None) is None
+    out["round_graphs"]["worker_default"] = TreeWorker.ROUND_GRAPHS_DEFAULT
     # Told it is on CUDA where there is none: the capture fails and it serves without them.
     worker.target_worker.model_runner.device = "cuda"
     worker.target_worker.model_runner.model.lm_head = stand_in_head()
@@ -1148,6 +1181,7 @@ if V2:
     worker = v2_worker(head, [1])
     worker.target_worker.model_runner.device = "cuda"
     v2["capture_fails"] = worker._capture_round_graphs(None) is None
+    v2["worker_default"] = TreeWorker.ROUND_GRAPHS_DEFAULT
     # A round of 3 replays the size-4 graph (rows past 3 hold another round's); a round
     # with another head object runs eagerly. Both give the eager round's tree.
     worker = v2_worker(head, [2, 4])

@@ -184,11 +184,23 @@ def test_round_graphs_replay_the_round_of_the_next_captured_size(probe):
     )
     assert failed["snapshot"]["graphs"] == 0 and failed["snapshot"]["eager_rounds"] == 1
     assert failed["equal"]
+    # SGLANG_DDTREE_ROUND_GRAPHS: on or off in any case and spacing, else the default
+    # (with a warning); the v1 worker's default is on, the v2 workers' off.
+    switch = graphs["switch"]
+    assert switch["requested"] == {
+        "None": [False, True], "''": [False, True], "'1'": [True, True],
+        "'ON'": [True, True], "' yes '": [True, True], "'0'": [False, False],
+        "'off'": [False, False], "'False'": [False, False], "'maybe'": [False, True],
+    }  # fmt: skip
+    assert len(switch["warned"]) == 2 and all("'maybe'" in w for w in switch["warned"])
+    assert switch["warned"][1].endswith("round graphs on (the default)")
     if is_v1(version):
+        assert graphs["worker_default"] is True
         assert graphs["worker_on_cpu"] is True
         assert graphs["worker_capture_fails"] is True
     else:
         v2 = graphs["v2"]
+        assert v2["worker_default"] is False
         assert v2["capture_on_cpu"] is True and v2["capture_fails"] is True
         # The v2 draft head: rounds of 3 and 4 replay the size-4 graph, a round handed
         # another head object runs eagerly; every one gets the eager round's tree.

@@ -52,7 +52,11 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
                               graphs=crossover._graph_budgets("15,auto"))  # fmt: skip
     assert {n: p for n, (p, _) in g.items() if n.startswith("ddtree-g")} == {
         "ddtree-g15": 30007, "ddtree-gauto": 30008}  # fmt: skip
-    same_but_port = ["30007" if x == "30003" else x for x in g["ddtree-n15"][1]]
+    # The eager ones explicitly so (the v1 worker's default is on); plain and DFLASH as is.
+    eager = g["ddtree-n15"][1]
+    assert eager[:2] == ["env", "SGLANG_DDTREE_ROUND_GRAPHS=0"]
+    assert g["dflash"][1][0] != "env" and g["plain"][1][0] != "env"
+    same_but_port = ["30007" if x == "30003" else x for x in eager[2:]]
     assert g["ddtree-g15"][1] == ["env", "SGLANG_DDTREE_ROUND_GRAPHS=1", *same_but_port]
     assert [crossover.arm_of(n) for n in ("ddtree-n15", "ddtree-nauto", "ddtree-g15",
                                           "ddtree-gauto")] == [

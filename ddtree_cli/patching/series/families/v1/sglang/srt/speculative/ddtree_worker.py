@@ -27,11 +27,11 @@ copied to pinned memory without a synchronisation.
 Every DDTREE server (fixed budget or auto) times its rounds on the host
 (``ddtree_round_timing.py``, in ``/server_info``) and, at start-up, runs the round's eager
 part once per budget and CUDA-graph batch size so that its Triton kernels compile before the
-first request. With ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (one rank, CUDA) it first captures the
-draft head and the tree build in CUDA graphs per batch size, K and budget
+first request. By default (one rank, CUDA; ``SGLANG_DDTREE_ROUND_GRAPHS=0`` turns it off) it
+first captures the draft head and the tree build in CUDA graphs per batch size, K and budget
 (``ddtree_round_graphs.py``) and replays them instead of launching both from Python; on the
-H200 that halved the build's host time (docs/performance.md); opt-in until measured at every
-concurrency. The capture comes before the warm-up because each capture empties PyTorch's
+H200 that halved the build's host time, and two maps at concurrency 1-32 with graph servers
+had budget 15 and auto at or above DFLASH everywhere (docs/performance.md). The capture comes before the warm-up because each capture empties PyTorch's
 allocator caches: on the H200 the graph servers, which captured after the warm-up, had one
 forward round of 240-350 ms per batch size and the eager server none (the new order is not
 yet run on a GPU).
@@ -107,8 +107,10 @@ def check_ddtree_worker_args(server_args: ServerArgs) -> SpeculativeAlgorithm:
 class DDTreeWorker(DFlashWorker):
     """DDTree speculative decoding worker (spec-v1, tp>=1, pp=1, page_size 1)."""
 
-    # SGLANG_DDTREE_ROUND_GRAPHS: set by __init__ when they are captured. A class default,
-    # so that it reads None before then (DFlashWorker forwards unknown attributes).
+    # Round graphs unless SGLANG_DDTREE_ROUND_GRAPHS is off (round_graphs_requested).
+    ROUND_GRAPHS_DEFAULT = True
+    # Set by __init__ when they are captured. A class default, so that it reads None before
+    # then (DFlashWorker forwards unknown attributes).
     _round_graphs: Optional[DraftRoundGraphs] = None
 
     def __init__(
@@ -161,7 +163,7 @@ class DDTreeWorker(DFlashWorker):
         # The round graphs first: every capture empties PyTorch's allocator caches
         # (torch.cuda.graph does), so the warm-up runs last and serving starts, as in a
         # server without them, with the warm-up's blocks cached.
-        if round_graphs_requested():
+        if round_graphs_requested(self.ROUND_GRAPHS_DEFAULT):
             self._round_graphs = self._capture_round_graphs(get_tp_group())
         self._warm_eager_kernels(get_tp_group())
         if self.tp_rank == 0:
@@ -272,9 +274,9 @@ class DDTreeWorker(DFlashWorker):
         )
 
     def _capture_round_graphs(self, tp_group) -> Optional[DraftRoundGraphs]:
-        """``SGLANG_DDTREE_ROUND_GRAPHS=1``: ``capture_round_graphs`` per CUDA-graph batch
-        size and (K, budget) the rounds use: (budget, budget) for every budget, and under
-        auto (largest, budget) for the probe rounds. None (and a warning) where it does not
+        """Unless ``SGLANG_DDTREE_ROUND_GRAPHS`` is off: ``capture_round_graphs`` per
+        CUDA-graph batch size and (K, budget) the rounds use: (budget, budget) for every
+        budget, and under auto (largest, budget) for the probe rounds. None (and a warning) where it does not
         apply: more than one rank, not CUDA, no vocab-parallel head, a failed capture."""
         pairs = []
         for budget in self._round_budgets():

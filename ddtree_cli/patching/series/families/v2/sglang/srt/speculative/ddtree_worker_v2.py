@@ -21,7 +21,8 @@ first ``block_size`` columns. DDTREE overrides these seams of the decode round:
 Before serving (``init_cuda_graphs``, after the target's and the drafter's graphs are
 captured) it runs the round's eager part once per batch size the target's CUDA graphs cover
 (``ddtree_round_graphs.warm_rounds``), so that its Triton kernels compile then rather than in
-the first request; with ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (one rank, CUDA) it first captures
+the first request; with ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (opt-in here, on by default in the
+v1 worker; one rank, CUDA) it first captures
 the draft head and the tree build per batch size (``capture_round_graphs``) and replays them
 in ``_draft_next_tokens`` instead of launching both from Python, as the v1 worker does (the
 capture before the warm-up: each capture empties PyTorch's allocator caches). Neither has
@@ -104,8 +105,11 @@ def _top_k_top_p_renorm(
 class DDTreeWorkerV2(DFlashWorkerV2):
     """DDTree speculative decoding on the DFlash v2 worker (page_size 1, no overlap)."""
 
-    # SGLANG_DDTREE_ROUND_GRAPHS: set by init_cuda_graphs when they are captured, with the
-    # LM head they were captured for (a round with another head runs eagerly).
+    # Round graphs only with SGLANG_DDTREE_ROUND_GRAPHS on: not yet run on a GPU in a v2
+    # release (round_graphs_requested).
+    ROUND_GRAPHS_DEFAULT = False
+    # Set by init_cuda_graphs when they are captured, with the LM head they were captured
+    # for (a round with another head runs eagerly).
     _round_graphs: Optional[DraftRoundGraphs] = None
     _round_graphs_head = None
 
@@ -205,7 +209,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             tp_group = get_parallel().tp_group
             # The round graphs first: every capture empties PyTorch's allocator caches, so
             # the warm-up runs last and serving starts with its blocks cached.
-            if round_graphs_requested():
+            if round_graphs_requested(self.ROUND_GRAPHS_DEFAULT):
                 self._round_graphs = self._capture_round_graphs(tp_group)
             self._warm_eager_kernels(tp_group)
 
