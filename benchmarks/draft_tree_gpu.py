@@ -453,10 +453,13 @@ def tune(args, dev, gen) -> None:
     for keys, options in choices.items():
         if wanted and not wanted & set(keys):
             continue
+
+        def use(opt, keys=keys):
+            dt._TUNING.update(zip(keys, opt if isinstance(opt, tuple) else (opt,), strict=True))
+
         results = {}
         for opt in options:
-            values = opt if isinstance(opt, tuple) else (opt,)
-            dt._TUNING.update(zip(keys, values, strict=True))
+            use(opt)
             try:
                 if keys[0].startswith("tree_"):
                     for cell in cells:
@@ -467,8 +470,7 @@ def tune(args, dev, gen) -> None:
             except Exception as exc:  # a configuration that fails is skipped
                 print(f"# tune {'+'.join(keys)}={opt}: {exc!r}"[:300], flush=True)
         best = min(results, key=results.get) if results else options[0]
-        values = best if isinstance(best, tuple) else (best,)
-        dt._TUNING.update(zip(keys, values, strict=True))
+        use(best)
         if results:
             summary = {str(k): round(v, 1) for k, v in results.items()}
             print(

@@ -138,16 +138,6 @@ def trace(
     return out
 
 
-def floor_trace(
-    row: torch.Tensor, depth_scores: torch.Tensor, budget: int, rise: bool | None = None
-) -> tuple:
-    """``(floors of the built depths, final floor, first empty depth)``: :func:`trace` in
-    short (a depth is built when its best is at or above the floor then)."""
-    t = trace(row, depth_scores, budget, rise)
-    built = [x.floor for x in t.depths if x.how != "empty"]
-    return built, torch.tensor(t.floor), t.exit
-
-
 def depth_counts(lp: torch.Tensor, budget: int, rise: bool, narrow: bool = False) -> dict:
     """Per request, depths built, sorted narrow (BP wide) and sorted whole (CP wide); per
     sorted depth, the candidates at or above the floor and the sort's lanes; the share of

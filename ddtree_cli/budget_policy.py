@@ -525,26 +525,31 @@ class BudgetPolicy:
         state = self._buckets.get(batch_bucket(batch))
         if state is None or state.budget is None or budget == state.budget:
             return 1.0
-        mine = self.expected_rate(batch, budget)
-        current = self.expected_rate(batch, state.budget)
+        return self._stretch(
+            self.expected_rate(batch, state.budget), self.expected_rate(batch, budget)
+        )
+
+    def _stretch(self, current: float | None, mine: float | None) -> float:
         if mine is None or current is None or mine <= 0:
             return 1.0
         far = (current / ((1 + self.config.hysteresis) * mine)) ** 2
         return min(self.config.retime_stretch, max(1.0, far))
 
     def _due_retiming(self, key: int, state: _Bucket, gap: int) -> int | None:
-        """At a re-timing's turn: the least recently timed other candidate among those due
-        (near ones always, a far-off one once ``gap`` times its stretch rounds have passed
-        since its last timing), or None."""
+        """At a re-timing's turn: the least recently timed other candidate among those due,
+        or None. A near one (stretch 1) is always due, as every stalest width was before
+        stretches (its last timing can be a round short of ``gap`` ago: rounds are observed
+        a round late); a far-off one once ``gap`` times its stretch rounds have passed."""
+        current = self.expected_rate(key, state.budget)
         due = []
         for b in self.budgets:
             if b == state.budget:
                 continue
-            stretch = self.retime_stretch(key, b)
-            since = state.rounds - state.last_timed.get(b + 1, 0)
-            if stretch <= 1.0 or since >= gap * stretch:
-                due.append(b)
-        return min(due, key=lambda b: state.last_timed.get(b + 1, -1)) if due else None
+            stretch = self._stretch(current, self.expected_rate(key, b))
+            last = state.last_timed.get(b + 1, -1)
+            if stretch <= 1.0 or state.rounds - last >= gap * stretch:
+                due.append((last, b))
+        return min(due)[1] if due else None
 
     def _timed_enough(self, state: _Bucket, budget: int) -> bool:
         # Untimed rounds (captures) past the warm-up extend the exploration.
@@ -596,6 +601,7 @@ class BudgetPolicy:
             buckets = {}
             for key in sorted(self._buckets):
                 state = self._buckets[key]
+                rates = {b: self.expected_rate(key, b) for b in self.budgets}
                 buckets[str(key)] = {
                     "budget": state.budget,
                     "rounds": state.rounds,
@@ -606,13 +612,11 @@ class BudgetPolicy:
                     },
                     "timed_rounds": {str(w - 1): n for w, n in sorted(state.timed.items())},
                     "expected_tok_s": {
-                        str(b): None if r is None else round(r, 3)
-                        for b in self.budgets
-                        for r in [self.expected_rate(key, b)]
+                        str(b): None if r is None else round(r, 3) for b, r in rates.items()
                     },
                     "retime_stretch": {
-                        str(b): round(self.retime_stretch(key, b), 3)
-                        for b in self.budgets
+                        str(b): round(self._stretch(rates.get(state.budget), r), 3)
+                        for b, r in rates.items()
                         if b != state.budget
                     },
                 }

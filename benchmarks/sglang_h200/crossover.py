@@ -111,13 +111,13 @@ def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool 
     if auto:
         arms.append(("ddtree-nauto", "ddtree", "auto", args.base + 2 + len(every)))
     out = commands(state, args, args.ckpt, arms, version)
-    for name, (port, cmd) in list(out.items()):
-        if name.startswith("ddtree-"):
-            out[name] = (port, ["env", f"{GRAPHS_ENV}=0", *cmd])
     graph_arms = [(f"ddtree-g{b}", "ddtree", b, args.base + 3 + len(every) + i)
                   for i, b in enumerate(graphs)]  # fmt: skip
-    for name, (port, cmd) in commands(state, args, args.ckpt, graph_arms, version).items():
-        out[name] = (port, ["env", f"{GRAPHS_ENV}=1", *cmd])
+    graph_cmds = commands(state, args, args.ckpt, graph_arms, version)
+    for cmds, on in ((out, 0), (graph_cmds, 1)):
+        for name, (port, cmd) in cmds.items():
+            if name.startswith("ddtree-"):
+                out[name] = (port, ["env", f"{GRAPHS_ENV}={on}", *cmd])
     return out
 
 

@@ -31,8 +31,9 @@ first request. By default (one rank, CUDA; ``SGLANG_DDTREE_ROUND_GRAPHS=0`` turn
 first captures the draft head and the tree build in CUDA graphs per batch size, K and budget
 (``ddtree_round_graphs.py``) and replays them instead of launching both from Python; on the
 H200 that halved the build's host time, and two maps at concurrency 1-32 with graph servers
-had budget 15 and auto at or above DFLASH everywhere (docs/performance.md). The capture comes before the warm-up because each capture empties PyTorch's
-allocator caches: on the H200 the graph servers, which captured after the warm-up, had one
+had budget 15 and auto at or above DFLASH everywhere (docs/performance.md). The capture
+comes before the warm-up because each capture empties PyTorch's allocator caches: on the
+H200 the graph servers, which captured after the warm-up, had one
 forward round of 240-350 ms per batch size and the eager server none (the new order is not
 yet run on a GPU).
 
@@ -276,8 +277,9 @@ class DDTreeWorker(DFlashWorker):
     def _capture_round_graphs(self, tp_group) -> Optional[DraftRoundGraphs]:
         """Unless ``SGLANG_DDTREE_ROUND_GRAPHS`` is off: ``capture_round_graphs`` per
         CUDA-graph batch size and (K, budget) the rounds use: (budget, budget) for every
-        budget, and under auto (largest, budget) for the probe rounds. None (and a warning) where it does not
-        apply: more than one rank, not CUDA, no vocab-parallel head, a failed capture."""
+        budget, and under auto (largest, budget) for the probe rounds. None (and a warning)
+        where it does not apply: more than one rank, not CUDA, no vocab-parallel head, a
+        failed capture."""
         pairs = []
         for budget in self._round_budgets():
             pairs.append((budget, budget))

@@ -22,10 +22,10 @@ Before serving (``init_cuda_graphs``, after the target's and the drafter's graph
 captured) it runs the round's eager part once per batch size the target's CUDA graphs cover
 (``ddtree_round_graphs.warm_rounds``), so that its Triton kernels compile then rather than in
 the first request; with ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (opt-in here, on by default in the
-v1 worker; one rank, CUDA) it first captures
-the draft head and the tree build per batch size (``capture_round_graphs``) and replays them
-in ``_draft_next_tokens`` instead of launching both from Python, as the v1 worker does (the
-capture before the warm-up: each capture empties PyTorch's allocator caches). Neither has
+v1 worker; one rank, CUDA) it first captures the draft head and the tree build per batch
+size (``capture_round_graphs``) and replays them in ``_draft_next_tokens`` instead of
+launching both from Python, as the v1 worker does (the capture before the warm-up: each
+capture empties PyTorch's allocator caches). Neither has
 been run on a GPU in a v2 release (docs/performance.md has the v1 runs).
 
 The same file serves every v2 release (0.5.14 on). Where SGLang moved something between
