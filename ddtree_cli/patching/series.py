@@ -19,7 +19,8 @@ The project's own modules are in neither: ``ddtree_cli/draft_tree.py`` (the algo
 copied verbatim to ``sglang/srt/speculative/ddtree_tree.py`` and ``ddtree_cli/budget_policy.py``
 (``--speculative-ddtree-budget auto``'s policy, standard library only) to
 ``sglang/srt/speculative/ddtree_budget_policy.py`` when a series is applied, in every
-series alike (only the 0.5.13 series' worker uses the policy so far).
+series alike (only the 0.5.13 series' worker runs the policy; the v2 worker uses its
+``batch_bucket`` for the round timing).
 """
 
 from __future__ import annotations

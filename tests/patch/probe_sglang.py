@@ -11,6 +11,7 @@ decides what is right. Nothing here imports ddtree_cli.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import inspect
 import json
@@ -256,6 +257,42 @@ else:
         return cls(args, 0, 0, None, 0, 0, 0, 0, target_worker)
 
 
+def scheduler_ddtree_state(worker, algorithm=algo) -> dict:
+    """What the patched scheduler's ``get_internal_state`` adds for ``worker`` (the draft
+    worker it holds) under ``algorithm``, on a stand-in scheduler. From 0.5.22 SGLang reads
+    the state in its internal-state controller: its real ``_add_speculative`` runs. Before,
+    ``Scheduler.get_internal_state`` reads the whole server (memory pools, device memory,
+    parallel state): the DDTREE statement of the imported method runs as it stands there,
+    in the scheduler module's globals, with ``self`` the stand-in and ``ret`` the answer."""
+    import textwrap
+
+    from sglang.srt.managers import scheduler as scheduler_module
+
+    stand_in = types.SimpleNamespace(
+        spec_algorithm=algorithm, draft_worker=worker,
+        metrics_reporter=types.SimpleNamespace(
+            spec_total_num_forward_ct=0, spec_total_num_accept_tokens=0
+        ),
+    )  # fmt: skip
+    controller = getattr(scheduler_module, "SchedulerInternalStateController", None)
+    if controller is not None:
+        state: dict = {}
+        controller(scheduler=stand_in, record_step_time=False)._add_speculative(state)
+        return {"where": "SchedulerInternalStateController._add_speculative", "state": state}
+    method = ast.parse(
+        textwrap.dedent(inspect.getsource(scheduler_module.Scheduler.get_internal_state))
+    ).body[0]
+    hooks = [
+        node for node in method.body
+        if isinstance(node, ast.If) and "is_ddtree" in ast.unparse(node.test)
+    ]  # fmt: skip
+    ret: dict = {}
+    for hook in hooks:
+        code = compile(ast.Module(body=[hook], type_ignores=[]), scheduler_module.__file__, "exec")
+        exec(code, dict(vars(scheduler_module)), {"self": stand_in, "ret": ret})
+    return {"where": f"Scheduler.get_internal_state ({len(hooks)} DDTREE statement)", "state": ret}
+
+
 if V2:  # the v2 worker refuses auto itself, whatever reached it
     out["tree_worker_auto"] = error_of(
         lambda: construct(TreeWorker, server_args(**{**base, "speculative_ddtree_budget": "auto"}))
@@ -312,6 +349,7 @@ else:
     worker = object.__new__(TreeWorker)
     worker.round_timing, worker.policy = timing, None
     fixed_state = sorted(worker.ddtree_internal_state())
+    from_scheduler = scheduler_ddtree_state(worker)
     worker.policy = ddtree_budget_policy.BudgetPolicy((15, 32, 64))
     out["round_timing"] = {
         "snapshot": timing.snapshot(),
@@ -319,6 +357,10 @@ else:
         "auto_state": sorted(worker.ddtree_internal_state()),
         "scheduler_reads_it": "ddtree_internal_state"
         in Path(ROOT, "sglang/srt/managers/scheduler.py").read_text(encoding="utf-8"),
+        "scheduler_where": from_scheduler["where"],
+        "scheduler_state": sorted(from_scheduler["state"]),
+        "scheduler_snapshot_equal": from_scheduler["state"]["speculative_ddtree_round_timing"]
+        == timing.snapshot(),
     }
 
 out["tree_worker_with_dflash"] = error_of(
@@ -1236,6 +1278,87 @@ if V2:
         for lg in loggers:
             lg.removeHandler(lines)
     out["round_graphs"]["v2"] = v2
+
+    # The v2 worker's round timing, and what it hands the scheduler's get_internal_state.
+    # DFlash's own round is stood in for (on a GPU it runs the draft block forward and the
+    # target verify): for a decode batch it calls the worker's build seams as the real round
+    # does (_draft_next_tokens, _make_verify_input, _committed_target_hidden) on CPU
+    # tensors; prefill and idle batches it only answers.
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+    from sglang.srt.speculative.ddtree_round_timing import RoundTiming  # noqa: E402
+
+    def v2_timed_rounds(with_graphs: bool) -> dict:
+        worker = v2_worker(head, [2, 4])
+        worker.verify_width, worker._accept_rows = 16, None  # as __init__ sets them
+        worker.round_timing = RoundTiming()
+        if with_graphs:
+            worker._round_graphs = round_graphs_for(head, _capture_by_call)
+            worker._round_graphs.capture(15, 15)
+            worker._round_graphs_head = head
+        passed = []
+
+        def dflash_round(self, batch, *args, **kwargs):
+            passed.append([batch.forward_mode.name, list(args), sorted(kwargs)])
+            mode = batch.forward_mode
+            if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle():
+                return f"{mode.name.lower()} round"
+            bs = batch.batch_size()
+            draft_hidden = torch.randn(bs, 16, 16, generator=gen)
+            drafts = self._draft_next_tokens(draft_hidden=draft_hidden, lm_head=head, bs=bs)
+            block = torch.cat([torch.zeros((bs, 1), dtype=drafts.dtype), drafts], dim=1)
+            self._make_verify_input(
+                batch=batch, draft_tokens=block, positions=None,
+                prefix_lens=torch.full((bs,), 8, dtype=torch.int64), kv_loc_plan=None,
+                verify_out_cache_loc=None,
+            )  # fmt: skip
+            self._committed_target_hidden(torch.zeros(bs * 16, 8))
+            return f"decode round of {bs}"
+
+        def batch(mode, bs, extend_in_batch=False):
+            return types.SimpleNamespace(
+                forward_mode=mode, is_extend_in_batch=extend_in_batch, batch_size=lambda: bs
+            )
+
+        rounds = [
+            (batch(ForwardMode.EXTEND, 3), {}),
+            (batch(ForwardMode.DECODE, 3), {"on_publish": None}),
+            (batch(ForwardMode.DECODE, 4), {}),
+            (batch(ForwardMode.IDLE, 0), {}),
+            (batch(ForwardMode.DECODE, 2, extend_in_batch=True), {}),  # another DP rank extends
+            (batch(ForwardMode.DECODE, 1), {}),
+            (batch(ForwardMode.DECODE, 5), {"grammar_barrier": None}),
+        ]
+        saved = ChainWorker.forward_batch_generation
+        ChainWorker.forward_batch_generation = dflash_round
+        try:
+            results = [worker.forward_batch_generation(b, **kw) for b, kw in rounds]
+        finally:
+            ChainWorker.forward_batch_generation = saved
+        state = worker.ddtree_internal_state()
+        from_scheduler = scheduler_ddtree_state(worker)
+        # Another algorithm's scheduler adds nothing, nor one that holds no draft worker.
+        dflash_scheduler = scheduler_ddtree_state(worker, SpeculativeAlgorithm.DFLASH)
+        timing = state["speculative_ddtree_round_timing"]
+        return {
+            "results": results,
+            "passed": passed,
+            "state_keys": sorted(state),
+            "timing": timing,
+            "build_within_forward": all(
+                cell["build_ms"]["max"] <= cell["forward_ms"]["max"] and cell["build_ms"]["max"] > 0
+                for widths in timing["buckets"].values()
+                for cell in widths.values()
+            ),
+            "round_graphs": state.get("speculative_ddtree_round_graphs"),
+            "scheduler_where": from_scheduler["where"],
+            "scheduler_state_keys": sorted(from_scheduler["state"]),
+            "scheduler_timing_equal": from_scheduler["state"].get("speculative_ddtree_round_timing")
+            == worker.round_timing.snapshot(),
+            "dflash_scheduler": dflash_scheduler["state"],
+            "no_draft_worker": scheduler_ddtree_state(None)["state"],
+        }
+
+    out["round_timing_v2"] = {"eager": v2_timed_rounds(False), "graphs": v2_timed_rounds(True)}
 
 # --- request validation (a stand-in request: validation reads two attributes)
 from sglang.srt.speculative.ddtree_utils import validate_ddtree_request  # noqa: E402

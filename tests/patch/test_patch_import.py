@@ -363,6 +363,10 @@ def test_round_timing_in_server_info(probe):
     _, facts = probe
     rt = facts["round_timing"]
     assert rt["scheduler_reads_it"]
+    # the patched get_internal_state's DDTREE statement, run on a stand-in scheduler
+    assert rt["scheduler_where"] == "Scheduler.get_internal_state (1 DDTREE statement)"
+    assert rt["scheduler_state"] == ["speculative_ddtree_round_timing"]
+    assert rt["scheduler_snapshot_equal"]
     assert rt["fixed_state"] == ["speculative_ddtree_round_timing"]
     assert rt["auto_state"] == [
         "speculative_ddtree_budget_policy",
@@ -379,6 +383,64 @@ def test_round_timing_in_server_info(probe):
     assert one["gap_ms"]["max"] == pytest.approx(2.0)  # the 10 s idle gap was not kept
     wide = snap["buckets"]["16"]["16"]
     assert wide["rounds"] == 1 and wide["gap_ms"]["p50"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True)
+def test_v2_round_timing_in_server_info(probe):
+    """The v2 worker times every decode round (not prefill, idle or a batch another DP rank
+    extends) per batch bucket and its verify width, the build being its draft head, tree and
+    verify input; the scheduler's get_internal_state (from 0.5.22 its internal-state
+    controller) adds the worker's state, round graphs only when captured. DFlash's own GPU
+    round is stood in for by one that calls the worker's build seams on CPU tensors."""
+    version, facts = probe
+    for name, rounds in facts["round_timing_v2"].items():
+        # Every round reaches DFlash's with its batch and keyword arguments, its result back.
+        # (the fifth, a decode batch while another DP rank extends, goes DFlash's prefill way)
+        assert rounds["results"] == [
+            "extend round", "decode round of 3", "decode round of 4", "idle round",
+            "decode round", "decode round of 1", "decode round of 5",
+        ], name  # fmt: skip
+        assert rounds["passed"] == [
+            ["EXTEND", [], []], ["DECODE", [], ["on_publish"]], ["DECODE", [], []],
+            ["IDLE", [], []], ["DECODE", [], []], ["DECODE", [], []],
+            ["DECODE", [], ["grammar_barrier"]],
+        ], name  # fmt: skip
+        timing = rounds["timing"]
+        assert timing["window"] == 512
+        rounds_per_cell = {
+            (bucket, width): cell["rounds"]
+            for bucket, widths in timing["buckets"].items()
+            for width, cell in widths.items()
+        }
+        # batches 3 and 4 share bucket 4; 1 and 5 are buckets 1 and 8; all at width 16
+        assert rounds_per_cell == {("1", "16"): 1, ("4", "16"): 2, ("8", "16"): 1}, name
+        cell = timing["buckets"]["4"]["16"]
+        assert cell["policy_ms"] == {"p50": 0.0, "p90": 0.0, "mean": 0.0, "max": 0.0}
+        assert cell["gap_ms"] is not None  # the second round of the bucket had one before it
+        assert rounds["build_within_forward"], name
+        assert rounds["scheduler_timing_equal"], name
+        assert rounds["dflash_scheduler"] == {} and rounds["no_draft_worker"] == {}
+        if at_least(version, "0.5.22"):
+            assert rounds["scheduler_where"] == "SchedulerInternalStateController._add_speculative"
+        else:
+            assert rounds["scheduler_where"] == "Scheduler.get_internal_state (1 DDTREE statement)"
+    eager, graphs = facts["round_timing_v2"]["eager"], facts["round_timing_v2"]["graphs"]
+    assert (
+        eager["state_keys"] == eager["scheduler_state_keys"] == ["speculative_ddtree_round_timing"]
+    )
+    assert eager["round_graphs"] is None
+    assert (
+        graphs["state_keys"]
+        == graphs["scheduler_state_keys"]
+        == [
+            "speculative_ddtree_round_graphs",
+            "speculative_ddtree_round_timing",
+        ]
+    )
+    # batches 3, 4 and 1 replayed (sizes 4, 4, 2); 5 is above every captured size
+    assert graphs["round_graphs"] == {
+        "graphs": 2, "sizes": [2, 4], "replayed_rounds": 3, "eager_rounds": 1,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)

@@ -25,8 +25,18 @@ the first request; with ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (opt-in here, on by def
 v1 worker; one rank, CUDA) it first captures the draft head and the tree build per batch
 size (``capture_round_graphs``) and replays them in ``_draft_next_tokens`` instead of
 launching both from Python, as the v1 worker does (the capture before the warm-up: each
-capture empties PyTorch's allocator caches). Neither has
-been run on a GPU in a v2 release (docs/performance.md has the v1 runs).
+capture empties PyTorch's allocator caches).
+
+Every decode round's host time is recorded (``forward_batch_generation``, into
+``ddtree_round_timing.RoundTiming``) per batch bucket (``ddtree_budget_policy.batch_bucket``)
+and verify width: the scheduler's gap, the whole forward and the build (the draft head, tree
+and verify input: ``_draft_next_tokens`` + ``_make_verify_input``); the policy's time is 0,
+as there is no budget policy here (``auto`` is refused). ``ddtree_internal_state()`` hands
+it, and the round graphs' counters when they were captured, to the scheduler's
+``get_internal_state`` (each release's ``scheduler.py`` hunk; from 0.5.22 the hunk is in the
+scheduler's internal-state controller, where SGLang moved it), so that ``/server_info``
+shows them as on 0.5.13. None of the warm-up, the round graphs or the round timing has been
+run on a GPU in a v2 release (docs/performance.md has the v1 runs).
 
 The same file serves every v2 release (0.5.14 on). Where SGLang moved something between
 them, this file looks for it rather than assuming one release: the DFlash worker's
@@ -42,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import time
 from typing import Optional
 
 import torch
@@ -50,7 +61,7 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.speculative import ddtree_tree
+from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
 from sglang.srt.speculative.ddtree_info_v2 import DDTreeVerifyInputV2
 from sglang.srt.speculative.ddtree_round_graphs import (
     DraftRoundGraphs,
@@ -59,6 +70,7 @@ from sglang.srt.speculative.ddtree_round_graphs import (
     round_graphs_requested,
     warm_rounds,
 )
+from sglang.srt.speculative.ddtree_round_timing import RoundTiming
 from sglang.srt.speculative.ddtree_utils import (
     check_ddtree_algorithm,
     draft_topk_logprobs,
@@ -112,6 +124,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     # for (a round with another head runs eagerly).
     _round_graphs: Optional[DraftRoundGraphs] = None
     _round_graphs_head = None
+    # The decode round's host seconds in _draft_next_tokens and _make_verify_input. A class
+    # default, so that it reads 0.0 before then (DFlashWorkerV2 forwards unknown attributes).
+    _build_s = 0.0
 
     def __init__(self, server_args: ServerArgs, *args, **kwargs):
         # The DFlash v2 worker's own arguments (they differ between releases): the target
@@ -148,6 +163,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._verify_batch: Optional[ScheduleBatch] = None
         self._verify_input: Optional[DDTreeVerifyInputV2] = None
         self._accept_rows: Optional[torch.Tensor] = None
+        self.round_timing = RoundTiming()
         if get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE worker ready. budget=%d, top_k=%d, draft block_size=%d, "
@@ -157,6 +173,33 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 self.block_size,
                 self.verify_width,
             )
+
+    def forward_batch_generation(self, batch: ScheduleBatch, *args, **kwargs):
+        """DFlash's round; a decode round's host time goes to ``round_timing``. Prefill
+        (an extend, or an extend on another DP rank) and idle rounds are not timed."""
+        mode = batch.forward_mode
+        if mode.is_extend() or getattr(batch, "is_extend_in_batch", False) or mode.is_idle():
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        start = time.perf_counter()
+        self._build_s = 0.0
+        result = super().forward_batch_generation(batch, *args, **kwargs)
+        self.round_timing.record(
+            ddtree_budget_policy.batch_bucket(batch.batch_size()),
+            self.verify_width,
+            start=start,
+            end=time.perf_counter(),
+            build=self._build_s,
+        )
+        return result
+
+    def ddtree_internal_state(self) -> dict:
+        """What the scheduler's ``get_internal_state`` adds to ``/server_info``: the round
+        timing (``ddtree_round_timing.py``) and, when they were captured, the round graphs'
+        counters (``ddtree_round_graphs.py``). No budget policy: ``auto`` is refused here."""
+        state = {"speculative_ddtree_round_timing": self.round_timing.snapshot()}
+        if self._round_graphs is not None:
+            state["speculative_ddtree_round_graphs"] = self._round_graphs.snapshot()
+        return state
 
     def _drafter_block_size_arg(self) -> int:
         return ddtree_draft_block_size(get_spec().speculative_num_draft_tokens)
@@ -284,6 +327,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def _draft_next_tokens(
         self, *, draft_hidden: torch.Tensor, lm_head, bs: int
     ) -> torch.Tensor:
+        t0 = time.perf_counter()
         hidden = draft_hidden[:, 1:, :]
         if self._round_graphs is not None and lm_head is self._round_graphs_head:
             _, _, self._tree = self._round_graphs(hidden, self.topk, self.budget)
@@ -294,7 +338,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             self._tree = ddtree_tree.build_tree_from_topk(logprobs, ids, self.budget)
         # The caller keeps a [bs, block_size] token block (root + block_size - 1); only
         # its root is read back (_make_verify_input). The verify reads the whole tree.
-        return self._tree.tokens[:, : int(self.block_size) - 1]
+        tokens = self._tree.tokens[:, : int(self.block_size) - 1]
+        self._build_s += time.perf_counter() - t0
+        return tokens
 
     def _make_verify_input(
         self,
@@ -308,6 +354,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     ) -> DDTreeVerifyInputV2:
         if self._tree is None:
             raise RuntimeError("DDTREE verify input requested before a tree was built.")
+        t0 = time.perf_counter()
         self._verify_batch = batch
         self._verify_input = DDTreeVerifyInputV2.from_tree(
             self._tree,
@@ -315,6 +362,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             prefix_lens=prefix_lens,
             kv_loc_plan=kv_loc_plan,
         )
+        self._build_s += time.perf_counter() - t0
         return self._verify_input
 
     def _target_tokens_per_node(
