@@ -340,17 +340,22 @@ class DDTreeWorker(DFlashWorker):
         if observed:
             self._parity ^= 1
         current = _Round(batch=bs, plan=plan, parity=self._parity, observed=observed)
-        if observed:
-            current.start.record()
         self._round = current
-        policy_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        policy_s = t1 - t0
         try:
             result = super().forward_batch_generation(batch, **kwargs)
         finally:
             self._round = None
         t0 = time.perf_counter()
-        if observed:
-            current.end.record()
+        # The round's cost is its host time, draft to commit: the scheduler's loop waits
+        # for it (the verify synchronises), and it does not depend on what ran before.
+        # CUDA events did: a round after an observed one (its statistics' launches, the
+        # policy's bookkeeping, ~0.9 ms of host time) found the device idle and timed its
+        # own asynchronous tail as well, one after an unobserved round did not, so every
+        # re-timed or explored width (all after observed rounds) looked 0.5-1.4 ms dearer
+        # than the budget in use (fourteenth GPU run, docs/validation.md).
+        current.seconds = t0 - t1
         # This round's verify synchronised the host with the device, so the last observed
         # round's events and statistics are complete: read them without a new sync.
         self._observe(self._pending)
@@ -363,20 +368,20 @@ class DDTreeWorker(DFlashWorker):
             )
             current.stats = self._host_stats[current.parity][current.plan.budget]
             current.stats.copy_(stats, non_blocking=True)
+            current.ready.record()
             self._pending = current
         return result, policy_s + time.perf_counter() - t0
 
     def _observe(self, done: Optional["_Round"]) -> None:
-        if done is None or not done.end.query():
+        if done is None or not done.ready.query():
             return
         # A probe below the largest budget costs more than its width: the policy takes it
         # as untimed.
-        seconds = done.start.elapsed_time(done.end) / 1e3
         values, accepted = done.stats.tolist()
         self.policy.observe_prefix(
             done.batch,
             done.plan.budget,
-            seconds=seconds,
+            seconds=done.seconds,
             values=values,
             accepted=accepted,
             probe=done.probe.tolist() if done.probe is not None else None,
@@ -481,8 +486,8 @@ class _Round:
     plan: "ddtree_budget_policy.Plan"
     parity: int  # which of the two sets of pinned host buffers it writes
     observed: bool = True  # timed, its statistics read (else: only run at plan.budget)
-    start: torch.cuda.Event = None
-    end: torch.cuda.Event = None
+    seconds: float = 0.0  # host time of the round, draft to commit
+    ready: torch.cuda.Event = None  # recorded after its statistics' copy to the host
     tree: Optional[ddtree_tree.DraftTree] = None
     verify_input: Optional[DDTreeVerifyInput] = None
     stats: Optional[torch.Tensor] = None  # pinned [2, candidates up to the round's]
@@ -490,8 +495,7 @@ class _Round:
 
     def __post_init__(self):
         if self.observed:
-            self.start = torch.cuda.Event(enable_timing=True)
-            self.end = torch.cuda.Event(enable_timing=True)
+            self.ready = torch.cuda.Event()
 
 
 def candidate_tensors(budgets, device) -> Dict[int, torch.Tensor]:
