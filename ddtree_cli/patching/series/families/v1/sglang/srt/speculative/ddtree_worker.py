@@ -357,7 +357,8 @@ class DDTreeWorker(DFlashWorker):
         # than the budget in use (fourteenth GPU run, docs/validation.md).
         current.seconds = t0 - t1
         # This round's verify synchronised the host with the device, so the last observed
-        # round's events and statistics are complete: read them without a new sync.
+        # round's statistics are on the host: read them without a new sync (its ``ready``
+        # event, recorded after their copy, guards against a verify that stops syncing).
         self._observe(self._pending)
         self._pending = None
         if observed and current.verify_input is not None:
