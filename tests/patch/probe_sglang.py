@@ -363,6 +363,71 @@ else:
         == timing.snapshot(),
     }
 
+    # budget auto's round time as the policy gets it: the host time of the round itself
+    # (DFlash's forward, draft to commit, here a stand-in of a known length that builds
+    # the round's tree as the worker's _build_verify_input does), not the policy's own work
+    # before it (a plan made slow on purpose) or after it; each observed a round later
+    import time as _time  # noqa: E402
+
+    from sglang.srt.speculative import ddtree_worker as _v1_worker  # noqa: E402
+    from sglang.srt.speculative.dflash_worker import DFlashWorker  # noqa: E402
+
+    ROUND_S, PLAN_S = 0.02, 0.2  # the plan far longer than any CPU hiccup of the round
+
+    class _SlowPlan(ddtree_budget_policy.BudgetPolicy):
+        def __init__(self, budgets):
+            super().__init__(budgets)
+            self.seen = []
+
+        def plan(self, batch):
+            _time.sleep(PLAN_S)
+            return super().plan(batch)
+
+        def observe_prefix(self, batch, budget, *, seconds, **kw):
+            self.seen.append([budget, seconds])
+            super().observe_prefix(batch, budget, seconds=seconds, **kw)
+
+    class _Event:  # the CPU torch cannot make a torch.cuda.Event
+        def record(self):
+            pass
+
+        def query(self):
+            return True
+
+    def parent_round(self, batch, **kwargs):
+        _time.sleep(ROUND_S)
+        current = self._round
+        tree = ddtree_tree.build_tree(torch.randn(2, 15, 40), current.plan.budget)
+        accept_index = torch.full((2, tree.num_slots), -1, dtype=torch.int32)
+        accept_index[:, 0] = torch.arange(2, dtype=torch.int32) * tree.num_slots  # roots
+        current.tree = tree
+        current.verify_input = types.SimpleNamespace(accept_index=accept_index)
+        return "round result"
+
+    def auto_round_times(rounds):
+        policy = _SlowPlan((15, 32, 64))
+        worker = object.__new__(TreeWorker)
+        worker.policy, worker._round, worker._pending = policy, None, None
+        worker._parity = worker._planned = 0
+        worker._candidates = _v1_worker.candidate_tensors(policy.budgets, "cpu")
+        worker._host_stats = [
+            {b: torch.empty((2, len(worker._candidates[b]))) for b in policy.budgets}
+            for _ in range(2)
+        ]
+        saved = DFlashWorker.forward_batch_generation, _v1_worker.torch.cuda.Event
+        DFlashWorker.forward_batch_generation, _v1_worker.torch.cuda.Event = parent_round, _Event
+        try:
+            returned = [worker._forward_auto(None, 2) for _ in range(rounds)]
+        finally:
+            DFlashWorker.forward_batch_generation, _v1_worker.torch.cuda.Event = saved
+        return {
+            "results": [r for r, _ in returned],
+            "policy_s": [p for _, p in returned],
+            "observed": policy.seen,
+        }
+
+    out["auto_round_time"] = {"round_s": ROUND_S, "plan_s": PLAN_S, **auto_round_times(3)}
+
 out["tree_worker_with_dflash"] = error_of(
     lambda: construct(TreeWorker, server_args(**{**base, "speculative_algorithm": "DFLASH"}))
 )

@@ -356,6 +356,22 @@ def test_budget_auto_statistics_match_each_candidates_own_tree(probe):
 
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)
+def test_budget_auto_times_the_round_not_the_policy(probe):
+    """Under auto the policy gets each observed round's host time, DFlash's forward from
+    draft to commit (a stand-in that sleeps 20 ms and builds the round's tree), without
+    the policy's own work (a plan made 200 ms slow), one round later; the policy's work is
+    reported beside it. Bounds from the sleeps, not performance figures: a time taken from
+    before the plan is over 220 ms."""
+    _, facts = probe
+    t = facts["auto_round_time"]
+    assert t["results"] == ["round result"] * 3
+    assert [budget for budget, _ in t["observed"]] == [15, 15]  # exploring: a round late
+    for _, seconds in t["observed"]:
+        assert t["round_s"] <= seconds < t["round_s"] + t["plan_s"]
+    assert all(p >= t["plan_s"] for p in t["policy_s"])
+
+
+@pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)
 def test_round_timing_in_server_info(probe):
     """Every DDTREE server's /server_info has its round timing (per batch bucket and
     width: the scheduler's gap, the forward, the tree build, the policy's work), under
