@@ -83,6 +83,10 @@ worker call it the same way::
     ... run the round at plan.budget (and, if plan.probe, read the largest tree's values)
     policy.observe(batch, plan.budget, seconds=..., values={B: sum over rows},
                    accepted={B: drafted tokens accepted, sum over rows})
+
+or, where every round's time is known at once but the trees' statistics cost work to
+read (a serving worker on a GPU), ``observe_time`` every round and ``observe_stats`` on
+the rounds whose statistics it reads (every probe, and some others for the calibration).
 """
 
 from __future__ import annotations
@@ -416,38 +420,75 @@ class BudgetPolicy:
         values: Mapping[int, float],
         accepted: Mapping[int, float],
     ) -> None:
-        """Record a round of ``batch`` requests at ``budget``.
+        """Record a round of ``batch`` requests at ``budget``: :meth:`observe_time` and
+        :meth:`observe_stats` of the same round.
 
         ``seconds``: the round's time, None when it is not representative (a capture, a
         compile); a probe below the largest budget (``values`` beyond ``budget``) and the
         first round of a re-timing are taken as untimed here. Rounds are reported in the
-        order they ran; every ``Plan.timed`` round must be (one lost costs a sample). ``values``: per candidate budget, the sum over the batch of its
-        tree's value; must hold ``budget`` itself (the verified tree's value) and may hold others
-        (all of them on a probe round). ``accepted``: per candidate budget up to
-        ``budget``, the drafted tokens its tree would have accepted (committed tokens minus
-        one per request, summed over the batch); must hold ``budget``, each with its value.
+        order they ran; every ``Plan.timed`` round must be (one lost costs a sample).
+        ``values``: per candidate budget, the sum over the batch of its tree's value; must
+        hold ``budget`` itself (the verified tree's value) and may hold others (all of them
+        on a probe round). ``accepted``: per candidate budget up to ``budget``, the drafted
+        tokens its tree would have accepted (committed tokens minus one per request, summed
+        over the batch); must hold ``budget``, each with its value.
         """
+        self._check_stats(budget, values, accepted)
+        self.observe_time(batch, budget, seconds, wide=any(b > budget for b in values))
+        self.observe_stats(batch, budget, values=values, accepted=accepted)
+
+    def observe_time(
+        self, batch: int, budget: int, seconds: float | None, *, wide: bool = False
+    ) -> None:
+        """A round's time alone, for a caller that knows every round's time at once but
+        reads the trees' statistics on some rounds only (a serving worker: its host time is
+        free, the statistics cost launches): every round, in the order they ran, each at
+        most once. ``wide``: the round also built the largest tree (a probe below the
+        largest budget), so it is dearer than its width and taken as untimed, as is the
+        first round of a re-timing. A time that ends the bucket's exploration, or that
+        re-times a width other than the one in use, makes a choice; the budget in use's
+        rounds only move the level, and the next :meth:`observe_stats` chooses with it."""
         if budget not in self._ratios:
             raise ValueError(f"budget {budget} is not a candidate ({self.budgets})")
-        if budget not in values or budget not in accepted:
-            raise ValueError(f"values and accepted must hold the verified budget {budget}")
-        if any(b not in values or b not in self._ratios for b in accepted):
-            raise ValueError("every accepted count needs a candidate budget and its value")
         cfg = self.config
         with self._lock:
             key = batch_bucket(batch)
             state = self._buckets.setdefault(key, _Bucket())
             width = budget + 1
-            if any(b > budget for b in values):  # a probe apart: dearer than its width
+            if wide:
                 seconds = None
             if state.warm == width:  # a re-timing's first round: it pays for the switch
                 state.warm, seconds = None, None
             seen = state.seen.get(width, 0)
             state.seen[width] = seen + 1
-            if seconds is not None and seconds > 0 and seen >= cfg.warmup_samples:
-                state.add_time(width, seconds)
-            if state.level is None and self._explored(state):
-                state.settle((b + 1 for b in self.budgets), cfg.level_window, cfg.relative_window)
+            if seconds is None or seconds <= 0 or seen < cfg.warmup_samples:
+                return
+            state.add_time(width, seconds)
+            if state.level is None:
+                if self._explored(state):
+                    state.settle(
+                        (b + 1 for b in self.budgets), cfg.level_window, cfg.relative_window
+                    )
+                    self._choose(key, state)
+            elif budget != state.budget:
+                self._choose(key, state)
+
+    def observe_stats(
+        self,
+        batch: int,
+        budget: int,
+        *,
+        values: Mapping[int, float],
+        accepted: Mapping[int, float],
+    ) -> None:
+        """A round's tree statistics alone (``values`` and ``accepted`` as in
+        :meth:`observe`), its time reported by :meth:`observe_time`; may come a round or
+        more after it. Moves the value means and calibration ratios, then chooses."""
+        self._check_stats(budget, values, accepted)
+        cfg = self.config
+        with self._lock:
+            key = batch_bucket(batch)
+            state = self._buckets.setdefault(key, _Bucket())
             # Only rounds that know every value update the means, so that the candidates'
             # means come from the same rounds (values of one round only grow with B).
             if all(b in values for b in self.budgets):
@@ -457,6 +498,14 @@ class BudgetPolicy:
                 self._ratios[b].add(count, values[b], cfg.calibration_decay)
             if state.level is not None:
                 self._choose(key, state)
+
+    def _check_stats(self, budget, values, accepted) -> None:
+        if budget not in self._ratios:
+            raise ValueError(f"budget {budget} is not a candidate ({self.budgets})")
+        if budget not in values or budget not in accepted:
+            raise ValueError(f"values and accepted must hold the verified budget {budget}")
+        if any(b not in values or b not in self._ratios for b in accepted):
+            raise ValueError("every accepted count needs a candidate budget and its value")
 
     def observe_prefix(
         self,
@@ -468,15 +517,23 @@ class BudgetPolicy:
         accepted: Sequence[float],
         probe: Sequence[float] | None = None,
     ) -> None:
-        """:meth:`observe` from a tree's statistics as lists: ``values`` and ``accepted`` for
-        the candidates up to ``budget``, smallest first (what a round's tree speaks for, the
-        best-first tree being a prefix order), and ``probe`` every candidate's value when the
-        round also built the largest tree."""
+        """:meth:`observe` from a tree's statistics as lists (:meth:`prefix_stats`)."""
+        self.observe(batch, budget, seconds=seconds, **self.prefix_stats(values, accepted, probe))
+
+    def prefix_stats(
+        self,
+        values: Sequence[float],
+        accepted: Sequence[float],
+        probe: Sequence[float] | None = None,
+    ) -> dict:
+        """``values`` and ``accepted`` for :meth:`observe` or :meth:`observe_stats` from
+        lists: those of the candidates up to the round's budget, smallest first (what a
+        round's tree speaks for, the best-first tree being a prefix order), and ``probe``
+        every candidate's value when the round also built the largest tree."""
         mine = self.budgets[: len(values)]
         known = dict(zip(self.budgets, probe, strict=True)) if probe is not None else {}
         known.update(zip(mine, values, strict=True))
-        counts = dict(zip(mine, accepted, strict=True))
-        self.observe(batch, budget, seconds=seconds, values=known, accepted=counts)
+        return {"values": known, "accepted": dict(zip(mine, accepted, strict=True))}
 
     # ---- estimates -------------------------------------------------------------------
 

@@ -366,26 +366,32 @@ else:
     # budget auto's round time as the policy gets it: the host time of the round itself
     # (DFlash's forward, draft to commit, here a stand-in of a known length that builds
     # the round's tree as the worker's _build_verify_input does), not the policy's own work
-    # before it (a plan made slow on purpose) or after it; each observed a round later
+    # before it (a plan made slow on purpose) or after it, as the round ends (its tree
+    # statistics a round later); a prefill between rounds is a part of the next one's gap
     import time as _time  # noqa: E402
 
     from sglang.srt.speculative import ddtree_worker as _v1_worker  # noqa: E402
     from sglang.srt.speculative.dflash_worker import DFlashWorker  # noqa: E402
 
     ROUND_S, PLAN_S = 0.02, 0.2  # the plan far longer than any CPU hiccup of the round
+    PREFILL_S = 0.03
 
     class _SlowPlan(ddtree_budget_policy.BudgetPolicy):
         def __init__(self, budgets):
             super().__init__(budgets)
-            self.seen = []
+            self.seen, self.stats = [], []
 
         def plan(self, batch):
             _time.sleep(PLAN_S)
             return super().plan(batch)
 
-        def observe_prefix(self, batch, budget, *, seconds, **kw):
+        def observe_time(self, batch, budget, seconds, **kw):
             self.seen.append([budget, seconds])
-            super().observe_prefix(batch, budget, seconds=seconds, **kw)
+            super().observe_time(batch, budget, seconds, **kw)
+
+        def observe_stats(self, batch, budget, **kw):
+            self.stats.append(budget)
+            super().observe_stats(batch, budget, **kw)
 
     class _Event:  # the CPU torch cannot make a torch.cuda.Event
         def record(self):
@@ -395,6 +401,9 @@ else:
             return True
 
     def parent_round(self, batch, **kwargs):
+        if batch.forward_mode.is_extend():
+            _time.sleep(PREFILL_S)
+            return "prefill result"
         _time.sleep(ROUND_S)
         current = self._round
         tree = ddtree_tree.build_tree(torch.randn(2, 15, 40), current.plan.budget)
@@ -404,29 +413,47 @@ else:
         current.verify_input = types.SimpleNamespace(accept_index=accept_index)
         return "round result"
 
-    def auto_round_times(rounds):
+    def auto_round_times(modes):
+        """Rounds of 2 requests through the v1 worker's forward_batch_generation, each
+        mode "decode" or "extend" (a prefill)."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+
         policy = _SlowPlan((15, 32, 64))
         worker = object.__new__(TreeWorker)
         worker.policy, worker._round, worker._pending = policy, None, None
         worker._parity = worker._planned = 0
+        worker.round_timing, worker.round_budget = RoundTiming(), policy.max_budget
         worker._candidates = _v1_worker.candidate_tensors(policy.budgets, "cpu")
         worker._host_stats = [
             {b: torch.empty((2, len(worker._candidates[b]))) for b in policy.budgets}
             for _ in range(2)
         ]
+        batches = [
+            types.SimpleNamespace(
+                forward_mode=ForwardMode.EXTEND if m == "extend" else ForwardMode.DECODE,
+                batch_size=lambda: 2,
+            )
+            for m in modes
+        ]
         saved = DFlashWorker.forward_batch_generation, _v1_worker.torch.cuda.Event
         DFlashWorker.forward_batch_generation, _v1_worker.torch.cuda.Event = parent_round, _Event
         try:
-            returned = [worker._forward_auto(None, 2) for _ in range(rounds)]
+            results = [worker.forward_batch_generation(b) for b in batches]
         finally:
             DFlashWorker.forward_batch_generation, _v1_worker.torch.cuda.Event = saved
         return {
-            "results": [r for r, _ in returned],
-            "policy_s": [p for _, p in returned],
+            "results": results,
+            "timing": worker.round_timing.snapshot(),
             "observed": policy.seen,
+            "stats": policy.stats,
         }
 
-    out["auto_round_time"] = {"round_s": ROUND_S, "plan_s": PLAN_S, **auto_round_times(3)}
+    out["auto_round_time"] = {
+        "round_s": ROUND_S,
+        "plan_s": PLAN_S,
+        "prefill_s": PREFILL_S,
+        **auto_round_times(["decode", "extend", "decode", "decode", "decode"]),
+    }
 
 out["tree_worker_with_dflash"] = error_of(
     lambda: construct(TreeWorker, server_args(**{**base, "speculative_algorithm": "DFLASH"}))

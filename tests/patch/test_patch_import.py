@@ -357,18 +357,29 @@ def test_budget_auto_statistics_match_each_candidates_own_tree(probe):
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)
 def test_budget_auto_times_the_round_not_the_policy(probe):
-    """Under auto the policy gets each observed round's host time, DFlash's forward from
-    draft to commit (a stand-in that sleeps 20 ms and builds the round's tree), without
-    the policy's own work (a plan made 200 ms slow), one round later; the policy's work is
-    reported beside it. Bounds from the sleeps, not performance figures: a time taken from
-    before the plan is over 220 ms."""
+    """Under auto the policy gets every round's host time as the round ends, DFlash's
+    forward from draft to commit (a stand-in that sleeps 20 ms and builds the round's
+    tree), without the policy's own work (a plan made 200 ms slow), reported beside it in
+    the round timing; the tree statistics of the rounds that read them (here the first
+    probe, the exploration's round at the largest budget: below it a probe waits) come a
+    round later. A prefill between two rounds (30 ms)
+    is timed as a part of the next round's gap, not as a round. Bounds from the sleeps, not
+    performance figures: a time taken from before the plan is over 220 ms."""
     _, facts = probe
     t = facts["auto_round_time"]
-    assert t["results"] == ["round result"] * 3
-    assert [budget for budget, _ in t["observed"]] == [15, 15]  # exploring: a round late
+    assert t["results"] == ["round result", "prefill result"] + ["round result"] * 3
+    # exploring, the least run width first: each time at once, the stats a round late
+    assert [budget for budget, _ in t["observed"]] == [15, 32, 64, 15]
     for _, seconds in t["observed"]:
         assert t["round_s"] <= seconds < t["round_s"] + t["plan_s"]
-    assert all(p >= t["plan_s"] for p in t["policy_s"])
+    assert t["stats"] == [64]
+    cell = t["timing"]["buckets"]["2"]["65"]
+    assert cell["rounds"] == 4  # the prefill is not a round
+    assert cell["policy_ms"]["p50"] >= t["plan_s"] * 1e3
+    # three gaps: the one with the prefill in it, then two without
+    prefill, gap = cell["prefill_ms"], cell["gap_ms"]
+    assert t["prefill_s"] * 1e3 <= prefill["max"] <= gap["max"]
+    assert prefill["p50"] == 0.0 and gap["p50"] < t["prefill_s"] * 1e3
 
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)
@@ -403,9 +414,9 @@ def test_round_timing_in_server_info(probe):
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True)
 def test_v2_round_timing_in_server_info(probe):
-    """The v2 worker times every decode round (not prefill, idle or a batch another DP rank
-    extends) per batch bucket and its verify width, the build being its draft head, tree and
-    verify input; the scheduler's get_internal_state (from 0.5.22 its internal-state
+    """The v2 worker times every decode round (not idle rounds; a prefill, or a batch
+    another DP rank extends, as a part of the next round's gap) per batch bucket and its
+    verify width, the build being its draft head, tree and verify input; the scheduler's get_internal_state (from 0.5.22 its internal-state
     controller) adds the worker's state, round graphs only when captured. DFlash's own GPU
     round is stood in for by one that calls the worker's build seams on CPU tensors."""
     version, facts = probe
@@ -433,6 +444,11 @@ def test_v2_round_timing_in_server_info(probe):
         cell = timing["buckets"]["4"]["16"]
         assert cell["policy_ms"] == {"p50": 0.0, "p90": 0.0, "mean": 0.0, "max": 0.0}
         assert cell["gap_ms"] is not None  # the second round of the bucket had one before it
+        # the first prefill came before any decode round (no gap to be a part of); the
+        # extend on another DP rank is a part of the gap before the round of 1
+        assert cell["prefill_ms"] == {"p50": 0.0, "p90": 0.0, "mean": 0.0, "max": 0.0}
+        after = timing["buckets"]["1"]["16"]
+        assert 0 < after["prefill_ms"]["max"] <= after["gap_ms"]["max"], name
         assert rounds["build_within_forward"], name
         assert rounds["scheduler_timing_equal"], name
         assert rounds["dflash_scheduler"] == {} and rounds["no_draft_worker"] == {}

@@ -415,3 +415,76 @@ def test_a_far_off_width_is_re_timed_less_often_and_still_found_when_it_wins():
     ms[65] = 12.0
     planned = drive(policy, 32, 8000, lambda _b, w: ms[w] * 1e-3, accept, accept)
     assert policy.budget_for(32) == 64 and planned[-500:].count(64) > 480
+
+
+def drive_split(policy, batch, rounds, cost, accept, every=32, value=lambda b: 1.2 * b**0.5):
+    """As ``drive``, the way a serving worker reports: every round's time at once
+    (``observe_time``, a probe below the largest budget as wide), the statistics only of
+    probe rounds and one in ``every`` of the others, a round late (``observe_stats``).
+    Returns the budgets planned and the rounds whose statistics were read."""
+    planned, pending, read = [], None, 0
+    for i in range(1, rounds + 1):
+        plan = policy.plan(batch)
+        wide = plan.probe and plan.budget < policy.max_budget
+        policy.observe_time(
+            batch, plan.budget, cost(batch_bucket(batch), plan.budget + 1), wide=wide
+        )
+        if pending is not None:
+            policy.observe_stats(batch, pending[0], **pending[1])
+            read, pending = read + 1, None
+        if plan.probe or i % every == 0:
+            known = (
+                policy.budgets if plan.probe else [b for b in policy.budgets if b <= plan.budget]
+            )
+            pending = (
+                plan.budget,
+                {
+                    "values": {b: batch * value(b) for b in known},
+                    "accepted": {b: batch * accept(b) for b in policy.budgets if b <= plan.budget},
+                },
+            )
+        planned.append(plan.budget)
+    return planned, read
+
+
+def test_times_of_every_round_and_statistics_of_a_few_choose_as_full_observations():
+    """A serving worker times every round (free) and reads the trees' statistics on a few:
+    the same choices as observing everything, on the two loads of the cost table above, and
+    a change of cost shape still moves the choice, through re-timings."""
+    accept = {15: 3.0, 32: 5.0, 64: 7.0}.get
+
+    def cost(bucket, width):
+        return 1e-3 * (1 + bucket * width / 256)
+
+    policy = BudgetPolicy(BUDGETS)
+    _, read_1 = drive_split(policy, 1, 320, cost, accept)
+    _, read_32 = drive_split(policy, 32, 320, cost, accept)
+    assert policy.budget_for(1) == 64 and policy.budget_for(32) == 15
+    assert read_1 + read_32 < 640 / 8  # statistics on about one round in 16
+    every_round = policy.snapshot()["buckets"]
+    timed = sum(sum(every_round[k]["timed_rounds"].values()) for k in ("1", "32"))
+    assert timed > 640 - 2 * 3 * 2 - 40  # all but warm-ups, wide probes, re-timings' first
+
+    shape = {"compute_bound": False}
+
+    def shifting(bucket, width):
+        return 1e-3 * width if shape["compute_bound"] else 1e-2
+
+    policy = BudgetPolicy(BUDGETS, PolicyConfig(reexplore_every=20))
+    drive_split(policy, 8, 100, shifting, accept=lambda b: b**0.5)
+    assert policy.budget_for(8) == 64
+    shape["compute_bound"] = True
+    drive_split(policy, 8, 600, shifting, accept=lambda b: b**0.5)
+    assert policy.budget_for(8) == 15
+
+
+def test_observe_time_leaves_wide_probes_and_a_re_timings_first_round_untimed():
+    policy = BudgetPolicy(BUDGETS, PolicyConfig(min_samples=1, warmup_samples=0))
+    policy.observe_time(1, 15, 0.5, wide=True)  # built the largest tree too
+    policy.observe_time(1, 15, 0.01)
+    policy.observe_time(1, 32, 0.0)  # no time: seen, not timed
+    assert policy.snapshot()["buckets"]["1"]["timed_rounds"] == {"15": 1}
+    with pytest.raises(ValueError, match="not a candidate"):
+        policy.observe_time(1, 16, 0.01)
+    with pytest.raises(ValueError, match="verified budget"):
+        policy.observe_stats(1, 15, values={32: 1.0}, accepted={15: 0})

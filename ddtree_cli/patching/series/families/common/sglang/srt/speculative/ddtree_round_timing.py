@@ -3,10 +3,13 @@
 Where a round's time goes, per batch bucket (the power of two at or above the batch) and
 verify width, over the last ``window`` rounds of each: ``gap`` (from the end of the previous
 decode round to the start of this one: the scheduler's work between rounds; gaps over a
-second are idle time and not kept), ``forward`` (the worker's whole decode step: draft,
-tree, verify and commit, including its waits for the device), ``build`` (the draft head's
-top-K, the tree and the verify inputs: launches only, the host does not wait there) and
-``policy`` (budget auto's plan, tree statistics and observation; 0 for a fixed budget).
+second are idle time and not kept), ``prefill`` (the part of that gap spent in prefill
+rounds, their host time; 0 when none ran: a gap that grows at a steady load is told apart
+as longer or more prefills or as more scheduler work), ``forward`` (the worker's whole
+decode step: draft, tree, verify and commit, including its waits for the device),
+``build`` (the draft head's top-K, the tree and the verify inputs: launches only, the host
+does not wait there) and ``policy`` (budget auto's plan, tree statistics and observation;
+0 for a fixed budget).
 Each as p50, p90, mean and max in milliseconds. A fixed budget and ``auto`` report the same
 fields, so a round of ``auto`` can be set against the fixed budget it chose, phase by phase.
 
@@ -19,7 +22,7 @@ import threading
 from collections import deque
 from typing import Deque, Dict, Optional
 
-PHASES = ("gap", "forward", "build", "policy")
+PHASES = ("gap", "prefill", "forward", "build", "policy")
 IDLE_GAP_S = 1.0  # a longer gap between decode rounds is idle time, not scheduler work
 
 
@@ -32,6 +35,12 @@ class RoundTiming:
         self._cells: Dict[tuple, Dict[str, Deque[float]]] = {}
         self._rounds: Dict[tuple, int] = {}
         self._last_end: Optional[float] = None
+        self._prefill_s = 0.0  # host time of the prefill rounds since the last decode round
+
+    def record_prefill(self, seconds: float) -> None:
+        """One prefill (extend) round of ``seconds`` host time: a part of the next decode
+        round's gap."""
+        self._prefill_s += seconds
 
     def record(
         self,
@@ -47,6 +56,7 @@ class RoundTiming:
         ``policy`` in seconds."""
         gap = None if self._last_end is None else start - self._last_end
         self._last_end = end
+        prefill, self._prefill_s = self._prefill_s, 0.0
         key = (int(bucket), int(width))
         with self._lock:
             cell = self._cells.get(key)
@@ -56,6 +66,7 @@ class RoundTiming:
             self._rounds[key] = self._rounds.get(key, 0) + 1
             if gap is not None and 0 <= gap <= IDLE_GAP_S:
                 cell["gap"].append(gap * 1e3)
+                cell["prefill"].append(prefill * 1e3)
             cell["forward"].append((end - start) * 1e3)
             cell["build"].append(build * 1e3)
             cell["policy"].append(policy * 1e3)

@@ -18,11 +18,11 @@ more set of target-verify CUDA graphs per smaller candidate width, sharing the w
 attention buffers, and before each verify selects the runner and the triton backend's
 verify width for the round's budget. The draft head's top-K is taken at the round's budget
 (at the largest on probe rounds, which read every candidate's tree value), exact for its
-tree. Observed rounds (the policy's exploration,
-re-timing and probe rounds, and one in ``OBSERVE_EVERY`` of the others) are timed with CUDA
-events read a round or more later, when a verify's host synchronisation has already passed
-them; their tree's value and accepted counts per candidate are computed on the device and
-copied to pinned memory without a synchronisation.
+tree. Every round's host time, draft to commit, goes to the policy as the round ends
+(``observe_time``); the trees' statistics (each candidate's value and accepted count) are
+read on probe rounds and one in ``OBSERVE_EVERY`` of the others only: computed on the
+device, copied to pinned memory without a synchronisation and read a round later, when a
+verify's host synchronisation has passed them (``observe_stats``).
 
 Every DDTREE server (fixed budget or auto) times its rounds on the host
 (``ddtree_round_timing.py``, in ``/server_info``) and, at start-up, runs the round's eager
@@ -41,8 +41,10 @@ Run on an H200 (0.5.13, the 8B-cost pair; docs/performance.md): lossless, the bu
 the batch. With one observed round in four, K = the round's budget and the start-up warm-up,
 auto's round still took 0.5-1.0 ms more than the fixed budget it chose at the same width,
 0.4 ms of it the policy's host work (an observed round's statistics and events about 1.2 ms,
-the round after it reading them); hence one observed round in sixteen now: the next run
-measured the policy's host work at 0.04 ms a round p50.
+the round after it reading them); hence one observed round in sixteen: the next runs
+measured the policy's host work at 0.04 ms a round p50, 0.13-0.15 ms mean. Since round times
+are host times, every round is timed at no cost and only the statistics are read on some
+rounds (probes, and one in ``OBSERVE_EVERY`` of the others); not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -295,9 +297,11 @@ class DDTreeWorker(DFlashWorker):
             log=self.tp_rank == 0,
         )
 
-    # Under auto: rounds per observed round, besides the policy's own (exploration,
-    # re-timing, probes). On the H200 an observed round cost ~1.2 ms of host time.
-    OBSERVE_EVERY = 16
+    # Under auto: rounds per round whose tree statistics are read, besides the probes
+    # (every ``probe_every`` rounds). Reading them costs host time (on the H200 about
+    # 0.8 ms per such round, the policy's mean 0.13-0.15 ms a round with one in 16 and
+    # every exploration and re-timing round read); the round times cost nothing.
+    OBSERVE_EVERY = 32
 
     def _use_width(self, width: int) -> None:
         """The target's verify width for this round: its graph runner and the triton
@@ -308,9 +312,13 @@ class DDTreeWorker(DFlashWorker):
             runner.graph_runner = self._graph_runners[width]
 
     def forward_batch_generation(self, batch: ScheduleBatch, **kwargs):
-        if batch.forward_mode.is_extend() or batch.forward_mode.is_idle():
+        if batch.forward_mode.is_idle():
             return super().forward_batch_generation(batch, **kwargs)
         start = time.perf_counter()
+        if batch.forward_mode.is_extend():  # a prefill: part of the next round's gap
+            result = super().forward_batch_generation(batch, **kwargs)
+            self.round_timing.record_prefill(time.perf_counter() - start)
+            return result
         self._build_s = 0.0
         bs = batch.batch_size()
         if self.policy is None:
@@ -333,10 +341,9 @@ class DDTreeWorker(DFlashWorker):
         t0 = time.perf_counter()
         plan = self.policy.plan(bs)
         self._planned += 1
-        # Exploration and re-timing rounds (plan.timed) and probe rounds (plan.probe) are
-        # always observed, the others one in OBSERVE_EVERY: timing and statistics cost
-        # host time every round.
-        observed = plan.timed or plan.probe or self._planned % self.OBSERVE_EVERY == 0
+        # Statistics on probe rounds (every candidate's value) and one in OBSERVE_EVERY of
+        # the others (the calibration's accepted counts); every round is timed.
+        observed = plan.probe or self._planned % self.OBSERVE_EVERY == 0
         if observed:
             self._parity ^= 1
         current = _Round(batch=bs, plan=plan, parity=self._parity, observed=observed)
@@ -354,8 +361,10 @@ class DDTreeWorker(DFlashWorker):
         # policy's bookkeeping, ~0.9 ms of host time) found the device idle and timed its
         # own asynchronous tail as well, one after an unobserved round did not, so every
         # re-timed or explored width (all after observed rounds) looked 0.5-1.4 ms dearer
-        # than the budget in use (fourteenth GPU run, docs/validation.md).
-        current.seconds = t0 - t1
+        # than the budget in use (fourteenth GPU run, docs/validation.md). A probe below
+        # the largest budget built the largest tree too: the policy takes it as untimed.
+        if current.verify_input is not None:
+            self.policy.observe_time(bs, plan.budget, t0 - t1, wide=current.probe is not None)
         # This round's verify synchronised the host with the device, so the last observed
         # round's statistics are on the host: read them without a new sync (its ``ready``
         # event, recorded after their copy, guards against a verify that stops syncing).
@@ -376,16 +385,10 @@ class DDTreeWorker(DFlashWorker):
     def _observe(self, done: Optional["_Round"]) -> None:
         if done is None or not done.ready.query():
             return
-        # A probe below the largest budget costs more than its width: the policy takes it
-        # as untimed.
         values, accepted = done.stats.tolist()
-        self.policy.observe_prefix(
-            done.batch,
-            done.plan.budget,
-            seconds=done.seconds,
-            values=values,
-            accepted=accepted,
-            probe=done.probe.tolist() if done.probe is not None else None,
+        probe = done.probe.tolist() if done.probe is not None else None
+        self.policy.observe_stats(
+            done.batch, done.plan.budget, **self.policy.prefix_stats(values, accepted, probe)
         )
 
     def ddtree_internal_state(self) -> dict:
@@ -481,13 +484,13 @@ class DDTreeWorker(DFlashWorker):
 
 @dataclass
 class _Round:
-    """One decode round under budget auto, observed one round later."""
+    """One decode round under budget auto: timed as it ends, its statistics (when read)
+    observed a round later."""
 
     batch: int
     plan: "ddtree_budget_policy.Plan"
     parity: int  # which of the two sets of pinned host buffers it writes
-    observed: bool = True  # timed, its statistics read (else: only run at plan.budget)
-    seconds: float = 0.0  # host time of the round, draft to commit
+    observed: bool = True  # its statistics read (else: only run at plan.budget)
     ready: torch.cuda.Event = None  # recorded after its statistics' copy to the host
     tree: Optional[ddtree_tree.DraftTree] = None
     verify_input: Optional[DDTreeVerifyInput] = None

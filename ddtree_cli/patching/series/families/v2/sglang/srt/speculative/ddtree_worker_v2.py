@@ -175,12 +175,17 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
 
     def forward_batch_generation(self, batch: ScheduleBatch, *args, **kwargs):
-        """DFlash's round; a decode round's host time goes to ``round_timing``. Prefill
-        (an extend, or an extend on another DP rank) and idle rounds are not timed."""
+        """DFlash's round; a decode round's host time goes to ``round_timing``, a prefill's
+        (an extend, or an extend on another DP rank) to the next decode round's gap. Idle
+        rounds are not timed."""
         mode = batch.forward_mode
-        if mode.is_extend() or getattr(batch, "is_extend_in_batch", False) or mode.is_idle():
+        if mode.is_idle():
             return super().forward_batch_generation(batch, *args, **kwargs)
         start = time.perf_counter()
+        if mode.is_extend() or getattr(batch, "is_extend_in_batch", False):
+            result = super().forward_batch_generation(batch, *args, **kwargs)
+            self.round_timing.record_prefill(time.perf_counter() - start)
+            return result
         self._build_s = 0.0
         result = super().forward_batch_generation(batch, *args, **kwargs)
         self.round_timing.record(
