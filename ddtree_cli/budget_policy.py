@@ -435,7 +435,7 @@ class BudgetPolicy:
         """
         self._check_stats(budget, values, accepted)
         self.observe_time(batch, budget, seconds, wide=any(b > budget for b in values))
-        self.observe_stats(batch, budget, values=values, accepted=accepted)
+        self._record_stats(batch, values, accepted)
 
     def observe_time(
         self, batch: int, budget: int, seconds: float | None, *, wide: bool = False
@@ -485,6 +485,9 @@ class BudgetPolicy:
         :meth:`observe`), its time reported by :meth:`observe_time`; may come a round or
         more after it. Moves the value means and calibration ratios, then chooses."""
         self._check_stats(budget, values, accepted)
+        self._record_stats(batch, values, accepted)
+
+    def _record_stats(self, batch, values, accepted) -> None:
         cfg = self.config
         with self._lock:
             key = batch_bucket(batch)

@@ -362,9 +362,9 @@ def test_budget_auto_times_the_round_not_the_policy(probe):
     tree), without the policy's own work (a plan made 200 ms slow), reported beside it in
     the round timing; the tree statistics of the rounds that read them (here the first
     probe, the exploration's round at the largest budget: below it a probe waits) come a
-    round later. A prefill between two rounds (30 ms)
-    is timed as a part of the next round's gap, not as a round. Bounds from the sleeps, not
-    performance figures: a time taken from before the plan is over 220 ms."""
+    round later. A prefill between two rounds (30 ms) is timed as a part of the next
+    round's gap, not as a round. Bounds from the sleeps, not performance figures: a time
+    taken from before the plan is over 220 ms."""
     _, facts = probe
     t = facts["auto_round_time"]
     assert t["results"] == ["round result", "prefill result"] + ["round result"] * 3
@@ -416,9 +416,10 @@ def test_round_timing_in_server_info(probe):
 def test_v2_round_timing_in_server_info(probe):
     """The v2 worker times every decode round (not idle rounds; a prefill, or a batch
     another DP rank extends, as a part of the next round's gap) per batch bucket and its
-    verify width, the build being its draft head, tree and verify input; the scheduler's get_internal_state (from 0.5.22 its internal-state
-    controller) adds the worker's state, round graphs only when captured. DFlash's own GPU
-    round is stood in for by one that calls the worker's build seams on CPU tensors."""
+    verify width, the build being its draft head, tree and verify input; the scheduler's
+    get_internal_state (from 0.5.22 its internal-state controller) adds the worker's state,
+    round graphs only when captured. DFlash's own GPU round is stood in for by one that
+    calls the worker's build seams on CPU tensors."""
     version, facts = probe
     for name, rounds in facts["round_timing_v2"].items():
         # Every round reaches DFlash's with its batch and keyword arguments, its result back.

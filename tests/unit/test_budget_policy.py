@@ -32,17 +32,25 @@ def drive(policy, batch, rounds, cost, accept, value=lambda b: 1.2 * b**0.5):
     planned = []
     for _ in range(rounds):
         plan = policy.plan(batch)
-        known = policy.budgets if plan.probe else [b for b in policy.budgets if b <= plan.budget]
         policy.observe(
             batch,
             plan.budget,
             seconds=cost(batch_bucket(batch), plan.budget + 1),
-            values={b: batch * value(b) for b in known},
-            # What each tree up to the round's would have accepted (the prefix order).
-            accepted={b: batch * accept(b) for b in policy.budgets if b <= plan.budget},
+            **round_stats(policy, batch, plan, accept, value),
         )
         planned.append(plan.budget)
     return planned
+
+
+def round_stats(policy, batch, plan, accept, value) -> dict:
+    """A round's ``values`` (every candidate's on a probe, else those up to the round's
+    budget) and ``accepted`` (what each tree up to the round's would have accepted: the
+    prefix order), from the per-request tables."""
+    known = policy.budgets if plan.probe else [b for b in policy.budgets if b <= plan.budget]
+    return {
+        "values": {b: batch * value(b) for b in known},
+        "accepted": {b: batch * accept(b) for b in policy.budgets if b <= plan.budget},
+    }
 
 
 def test_candidates_always_hold_block_minus_one_and_stop_at_the_max():
@@ -433,16 +441,7 @@ def drive_split(policy, batch, rounds, cost, accept, every=32, value=lambda b: 1
             policy.observe_stats(batch, pending[0], **pending[1])
             read, pending = read + 1, None
         if plan.probe or i % every == 0:
-            known = (
-                policy.budgets if plan.probe else [b for b in policy.budgets if b <= plan.budget]
-            )
-            pending = (
-                plan.budget,
-                {
-                    "values": {b: batch * value(b) for b in known},
-                    "accepted": {b: batch * accept(b) for b in policy.budgets if b <= plan.budget},
-                },
-            )
+            pending = (plan.budget, round_stats(policy, batch, plan, accept, value))
         planned.append(plan.budget)
     return planned, read
 
@@ -478,7 +477,7 @@ def test_times_of_every_round_and_statistics_of_a_few_choose_as_full_observation
     assert policy.budget_for(8) == 15
 
 
-def test_observe_time_leaves_wide_probes_and_a_re_timings_first_round_untimed():
+def test_observe_time_leaves_wide_probes_and_rounds_without_a_time_untimed():
     policy = BudgetPolicy(BUDGETS, PolicyConfig(min_samples=1, warmup_samples=0))
     policy.observe_time(1, 15, 0.5, wide=True)  # built the largest tree too
     policy.observe_time(1, 15, 0.01)

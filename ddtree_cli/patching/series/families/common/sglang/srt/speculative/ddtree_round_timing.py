@@ -19,6 +19,7 @@ Recording costs a few ``perf_counter`` calls and deque appends per round.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Deque, Dict, Optional
 
@@ -37,10 +38,13 @@ class RoundTiming:
         self._last_end: Optional[float] = None
         self._prefill_s = 0.0  # host time of the prefill rounds since the last decode round
 
-    def record_prefill(self, seconds: float) -> None:
-        """One prefill (extend) round of ``seconds`` host time: a part of the next decode
-        round's gap."""
-        self._prefill_s += seconds
+    def prefill_round(self, call, *args, **kwargs):
+        """Run one prefill (extend) round, ``call(*args, **kwargs)``, and return its result;
+        its host time is a part of the next decode round's gap."""
+        start = time.perf_counter()
+        result = call(*args, **kwargs)
+        self._prefill_s += time.perf_counter() - start
+        return result
 
     def record(
         self,

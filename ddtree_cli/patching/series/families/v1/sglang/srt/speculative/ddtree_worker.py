@@ -317,11 +317,11 @@ class DDTreeWorker(DFlashWorker):
     def forward_batch_generation(self, batch: ScheduleBatch, **kwargs):
         if batch.forward_mode.is_idle():
             return super().forward_batch_generation(batch, **kwargs)
-        start = time.perf_counter()
         if batch.forward_mode.is_extend():  # a prefill: part of the next round's gap
-            result = super().forward_batch_generation(batch, **kwargs)
-            self.round_timing.record_prefill(time.perf_counter() - start)
-            return result
+            return self.round_timing.prefill_round(
+                super().forward_batch_generation, batch, **kwargs
+            )
+        start = time.perf_counter()
         self._build_s = 0.0
         bs = batch.batch_size()
         if self.policy is None:

@@ -181,11 +181,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         mode = batch.forward_mode
         if mode.is_idle():
             return super().forward_batch_generation(batch, *args, **kwargs)
-        start = time.perf_counter()
         if mode.is_extend() or getattr(batch, "is_extend_in_batch", False):
-            result = super().forward_batch_generation(batch, *args, **kwargs)
-            self.round_timing.record_prefill(time.perf_counter() - start)
-            return result
+            return self.round_timing.prefill_round(
+                super().forward_batch_generation, batch, *args, **kwargs
+            )
+        start = time.perf_counter()
         self._build_s = 0.0
         result = super().forward_batch_generation(batch, *args, **kwargs)
         self.round_timing.record(
