@@ -532,7 +532,7 @@ def triton_walk(candidates, retrieve_index, next_token, next_sibling, target_pre
 
 
 gen = torch.Generator().manual_seed(0)
-host_sized = {"checked": 0, "mismatches": 0}  # v1: the tree mask sized from host lengths
+host_sized = {"checked": 0, "mismatches": 0}  # the tree mask sized from host lengths
 wide = {}  # budget -> facts, for budgets apart from block - 1 (15 drafted positions)
 for budget in (15, 8, 64):  # 15 first: its draws are the ones the checks were written on
     mask_errors, position_errors, walk_mismatch, triton_mismatch, trials = [], 0, 0, 0, 0
@@ -544,13 +544,12 @@ for budget in (15, 8, 64):  # 15 first: its draws are the ones the checks were w
         prefix = torch.randint(0, 30, (bs,), generator=gen)
         roots = torch.randint(0, vocab, (bs,), generator=gen)
         vi = VerifyInput.from_tree(tree, roots, prefix)
-        if not V2:
-            host = VerifyInput.from_tree(tree, roots, prefix, prefix_lens_cpu=prefix.clone())
-            host_sized["checked"] += 1
-            host_sized["mismatches"] += int(
-                not torch.equal(host.custom_mask, vi.custom_mask)
-                or not torch.equal(host.draft_token, vi.draft_token)
-            )
+        host = VerifyInput.from_tree(tree, roots, prefix, prefix_lens_cpu=prefix.clone())
+        host_sized["checked"] += 1
+        host_sized["mismatches"] += int(
+            not torch.equal(host.custom_mask, vi.custom_mask)
+            or not torch.equal(host.draft_token, vi.draft_token)
+        )
         d = vi.draft_token_num
         widths.add(d)
         # Triton backend (TARGET_VERIFY): mask_indptr = cumsum(D * (seq_lens + D)); row q of
@@ -626,7 +625,7 @@ out["verify_input"] = {
     "deepest_accept_len": deepest,
     "draft_token_num": d,
     "retrieve_dtype": str(vi.retrieve_index.dtype),
-    "host_sized_mask": None if V2 else host_sized,
+    "host_sized_mask": host_sized,
 }
 dummy_mask = torch.ones(8, dtype=torch.bool)
 target_dummy = VerifyInput.capture_dummy(
@@ -1387,7 +1386,7 @@ if V2:
             worker._round_graphs = round_graphs_for(head, _capture_by_call)
             worker._round_graphs.capture(15, 15)
             worker._round_graphs_head = head
-        passed = []
+        passed, mask_sizes = [], []
 
         def dflash_round(self, batch, *args, **kwargs):
             passed.append([batch.forward_mode.name, list(args), sorted(kwargs)])
@@ -1398,18 +1397,22 @@ if V2:
             draft_hidden = torch.randn(bs, 16, 16, generator=gen)
             drafts = self._draft_next_tokens(draft_hidden=draft_hidden, lm_head=head, bs=bs)
             block = torch.cat([torch.zeros((bs, 1), dtype=drafts.dtype), drafts], dim=1)
-            self._make_verify_input(
+            # The batch's host lengths here are 3 more than the device's (an upper bound is
+            # all a mask size needs): the mask's size says which of the two sized it.
+            verify = self._make_verify_input(
                 batch=batch, draft_tokens=block, positions=None,
                 prefix_lens=torch.full((bs,), 8, dtype=torch.int64), kv_loc_plan=None,
                 verify_out_cache_loc=None,
             )  # fmt: skip
+            mask_sizes.append([verify.custom_mask.numel(), bs * 16 * (11 + 16)])
             self._committed_target_hidden(torch.zeros(bs * 16, 8))
             return f"decode round of {bs}"
 
         def batch(mode, bs, extend_in_batch=False):
             return types.SimpleNamespace(
-                forward_mode=mode, is_extend_in_batch=extend_in_batch, batch_size=lambda: bs
-            )
+                forward_mode=mode, is_extend_in_batch=extend_in_batch, batch_size=lambda: bs,
+                seq_lens_cpu=torch.full((bs,), 11, dtype=torch.int64),
+            )  # fmt: skip
 
         rounds = [
             (batch(ForwardMode.EXTEND, 3), {}),
@@ -1434,6 +1437,7 @@ if V2:
         return {
             "results": results,
             "passed": passed,
+            "mask_sizes": mask_sizes,
             "state_keys": sorted(state),
             "timing": timing,
             "build_within_forward": all(

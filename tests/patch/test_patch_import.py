@@ -141,10 +141,10 @@ def test_verify_input_matches_sglang_tree_verify(probe):
         assert (
             facts["prepare_page_size_4"] == "RuntimeError: DDTREE requires page_size == 1, got 4."
         )
-        # The worker sizes the tree mask from the batch's host lengths (no GPU read-back):
-        # the same mask and tokens as sizing it from the device lengths, every trial.
-        host = vi["host_sized_mask"]
-        assert host["checked"] == 12 + 4 + 4 and host["mismatches"] == 0
+    # Both workers size the tree mask from the batch's host lengths (no GPU read-back): the
+    # same mask and tokens as sizing it from the device lengths, every trial.
+    host = vi["host_sized_mask"]
+    assert host["checked"] == 12 + 4 + 4 and host["mismatches"] == 0
 
 
 def test_draft_head_is_the_exact_top_k(probe):
@@ -451,6 +451,10 @@ def test_v2_round_timing_in_server_info(probe):
         after = timing["buckets"]["1"]["16"]
         assert 0 < after["prefill_ms"]["max"] <= after["gap_ms"]["max"], name
         assert rounds["build_within_forward"], name
+        # The tree mask is sized from the batch's host lengths, not by reading the device's
+        # back (on a GPU that read waits for the draft before the verify can be queued).
+        assert len(rounds["mask_sizes"]) == 4, name
+        assert all(size == host_sized for size, host_sized in rounds["mask_sizes"]), name
         assert rounds["scheduler_timing_equal"], name
         assert rounds["dflash_scheduler"] == {} and rounds["no_draft_worker"] == {}
         if at_least(version, "0.5.22"):

@@ -1,5 +1,5 @@
-"""DDTREE helpers: the budget argument, request validation, the hybrid gate and the top-K
-draft head."""
+"""DDTREE helpers: the budget argument, request validation, the hybrid gate, the top-K
+draft head and the tree's verify inputs."""
 
 from __future__ import annotations
 
@@ -267,3 +267,21 @@ def draft_topk_logprobs(
         )
     logprobs, top_ids = ddtree_tree.merge_shard_topk(*shards, k)
     return logprobs.view(bs, n_pos, -1), top_ids.view(bs, n_pos, -1)
+
+
+def tree_verify_inputs(
+    tree: Any,
+    root_tokens: "torch.Tensor",
+    prefix_lens: "torch.Tensor",
+    prefix_lens_cpu: Optional["torch.Tensor"] = None,
+):
+    """``ddtree_tree.verify_inputs`` for a round: with ``prefix_lens_cpu`` (the same lengths
+    on the host, e.g. the batch's ``seq_lens_cpu``) the tree mask is sized without reading
+    ``prefix_lens`` back from the GPU, so the host queues the verify while the draft still
+    runs instead of waiting for it. Without them the size costs one host synchronisation."""
+    from sglang.srt.speculative import ddtree_tree
+
+    mask_numel = None
+    if prefix_lens_cpu is not None:
+        mask_numel = int(ddtree_tree.full_mask_numel(tree.num_slots, prefix_lens_cpu))
+    return ddtree_tree.verify_inputs(tree, root_tokens, prefix_lens, mask_numel=mask_numel)

@@ -24,6 +24,7 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.server_args import get_global_server_args
 from sglang.srt.speculative import ddtree_tree
+from sglang.srt.speculative.ddtree_utils import tree_verify_inputs
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.spec_utils import (
     TREE_SPEC_KERNEL_AVAILABLE,
@@ -54,15 +55,8 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         *,
         prefix_lens_cpu: Optional[torch.Tensor] = None,
     ) -> "DDTreeVerifyInput":
-        """``prefix_lens_cpu`` (the same lengths on the host) sizes the tree mask without
-        reading ``prefix_lens`` back from the GPU, so the target's verify can be queued
-        while the draft still runs."""
-        mask_numel = None
-        if prefix_lens_cpu is not None:
-            mask_numel = int(ddtree_tree.full_mask_numel(tree.num_slots, prefix_lens_cpu))
-        inputs = ddtree_tree.verify_inputs(
-            tree, root_tokens, prefix_lens, mask_numel=mask_numel
-        )
+        """``prefix_lens_cpu``: the same lengths on the host (``tree_verify_inputs``)."""
+        inputs = tree_verify_inputs(tree, root_tokens, prefix_lens, prefix_lens_cpu)
         return cls(
             draft_token=inputs.input_ids.reshape(-1),
             positions=inputs.positions.reshape(-1),

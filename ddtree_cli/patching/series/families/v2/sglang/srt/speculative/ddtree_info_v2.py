@@ -16,6 +16,7 @@ import torch
 
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative import ddtree_tree
+from sglang.srt.speculative.ddtree_utils import tree_verify_inputs
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
 
@@ -42,9 +43,11 @@ class DDTreeVerifyInputV2(DFlashVerifyInput):
         root_tokens: torch.Tensor,
         prefix_lens: torch.Tensor,
         *,
+        prefix_lens_cpu: Optional[torch.Tensor] = None,
         kv_loc_plan=None,
     ) -> "DDTreeVerifyInputV2":
-        inputs = ddtree_tree.verify_inputs(tree, root_tokens, prefix_lens)
+        """``prefix_lens_cpu``: the same lengths on the host (``tree_verify_inputs``)."""
+        inputs = tree_verify_inputs(tree, root_tokens, prefix_lens, prefix_lens_cpu)
         # The KV index plan exists from 0.5.22 on; earlier releases have no such field.
         plan = {} if kv_loc_plan is None else {"kv_loc_plan": kv_loc_plan}
         return cls(

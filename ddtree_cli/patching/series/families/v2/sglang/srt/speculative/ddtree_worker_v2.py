@@ -290,10 +290,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         device = runner.device
 
         def verify(tree, bs, budget):
+            prefix_cpu = torch.full((bs,), 8, dtype=torch.int64)
             DDTreeVerifyInputV2.from_tree(
                 tree,
                 root_tokens=torch.zeros((bs,), dtype=torch.int64, device=device),
-                prefix_lens=torch.full((bs,), 8, dtype=torch.int64, device=device),
+                prefix_lens=prefix_cpu.to(device),
+                prefix_lens_cpu=prefix_cpu,
             )
 
         return warm_rounds(
@@ -361,10 +363,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE verify input requested before a tree was built.")
         t0 = time.perf_counter()
         self._verify_batch = batch
+        # Without a synchronisation: the batch's host lengths are the committed prefix
+        # (prepare_for_decode seeds them; no overlap scheduler under DDTREE).
         self._verify_input = DDTreeVerifyInputV2.from_tree(
             self._tree,
             root_tokens=draft_tokens[:, 0],
             prefix_lens=prefix_lens,
+            prefix_lens_cpu=batch.seq_lens_cpu,
             kv_loc_plan=kv_loc_plan,
         )
         self._build_s += time.perf_counter() - t0
