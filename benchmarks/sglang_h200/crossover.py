@@ -11,7 +11,8 @@ means "call again"):
 
 1. receive the pieces, install;
 2. ``scale``: the trained pair in Qwen3-8B's shape, built here (``ckpt/scaled``);
-3. phase A servers, all started at once: the scaled pair's plain, DFLASH and DDTREE at the
+3. phase A servers, all started at once (from 0.5.14 each once the one before has allocated
+   its KV pool: ``run.pool_wait``): the scaled pair's plain, DFLASH and DDTREE at the
    phase-A budgets (the first on base + 2, which ``scaled_pair_gpu.py agree`` reads), and the
    small pair's plain, DFLASH and DDTREE (first budget) on the small base;
 4. ``agree``: every arm of the scaled pair against the same arm of the small pair
@@ -328,7 +329,7 @@ def crossover(v: run.Validation) -> int:
             else:
                 v.record(step, built=False, ckpt=args.ckpt)
         elif step == "servers-a":
-            run.start_servers(v, {**phase_a, **small})
+            run.start_servers(v, {**phase_a, **small}, pool_wait=run.pool_wait(c["sglang"]))
             if not healthy_but_auto(v, phase_a, small):
                 return v.finish("incomplete: servers still starting (left running)", 3, todo)
             started = v.progress["started"]
@@ -365,7 +366,7 @@ def crossover(v: run.Validation) -> int:
                 v.record(step, skipped="auto_failed")
         elif step == "servers-b":
             stop(v, [n for n in phase_a if n.startswith("ddtree")] + list(small))
-            run.start_servers(v, phase_b)
+            run.start_servers(v, phase_b, pool_wait=run.pool_wait(c["sglang"]))
             if not run.servers_healthy(v, phase_b, margin=20):
                 return v.finish("incomplete: phase B servers still starting", 3, todo)
             v.record(step)

@@ -108,6 +108,15 @@ def graph_max_bs_flag(version: str) -> str:
     return "--cuda-graph-max-bs-decode" if v2 else "--cuda-graph-max-bs"
 
 
+def pool_wait(version: str) -> float | None:
+    """Seconds ``start_servers`` waits for each server's KV pool before starting the next:
+    from 0.5.14 a server's KV pool is what is free when it profiles, less a slack taken from
+    what was free before its weights loaded, so a neighbour allocating its pool in between
+    leaves it nothing ("Loaded weights leave no GPU memory for the KV cache"). 0.5.13 sizes
+    its pool otherwise: its servers start at once."""
+    return 300.0 if version_tuple(version) >= (0, 5, 14) else None
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -1022,11 +1031,8 @@ def validate(v: Validation) -> int:
     servers = validation_servers(state, args, c)
     v.write("servers.json", {n: {"port": p, "cmd": cmd} for n, (p, cmd) in servers.items()})
     try:
-        # From 0.5.14 a server's KV pool is what is free when it profiles, less a slack taken
-        # from what was free before its weights loaded: a neighbour allocating its pool in
-        # between leaves it nothing ("Loaded weights leave no GPU memory for the KV cache").
-        # So the next server starts once this one's pool is allocated (graph capture and
-        # warmup still overlap).
+        # Each server once the one before has allocated its KV pool (graph capture and warmup
+        # still overlap), whatever the release: pool_wait says why 0.5.14 and later need it.
         start_servers(v, servers, pool_wait=300.0)
     except ServerExited as exc:
         return v.finish(str(exc), 1)
