@@ -61,6 +61,9 @@ if algo == "ddtree":
         sys.exit("ValueError: DDTREE requires --attention-backend triton or flashinfer")
     if config.get("model_type") == "qwen3_next":
         sys.exit("ValueError: DDTREE refuses hybrid target models")
+if algo == "ddtree" and os.environ.get("SGLANG_DDTREE_ROUND_GRAPHS") == "1" and os.environ.get(
+        "STANDIN_ROUND_GRAPHS_FAIL"):  # a test's way to make a graph server fail its start
+    sys.exit("RuntimeError: stand-in: the round graphs' capture failed")
 import sglang
 graph = a.cuda_graph_max_bs if sglang.__version__ == "0.5.13" else a.cuda_graph_max_bs_decode
 assert graph, "run.py passes the release's own graph flag"

@@ -18,19 +18,18 @@ means "call again"):
 4. ``agree``: every arm of the scaled pair against the same arm of the small pair
    (``scaled_pair_gpu.py agree``), then the small pair's servers stop;
 5. ``A-cN``: one interleaved ``ddtree bench`` per concurrency: every phase-A DDTREE budget
-   (``ddtree-bN`` arms; with ``--auto`` also ``ddtree-auto``, a DDTREE server started with
-   ``--speculative-ddtree-budget auto``, 0.5.13 series only, whose policy state from
-   ``/server_info`` is kept as ``A-cN.auto-policy.json``; every DDTREE server's round
-   timing, the same way, as ``A-cN.round-timing.json``) against DFLASH, plain timed as
-   the reference, ``--prompts-per`` prompts at that concurrency (``--no-agree``: no small
-   pair and no step 4; a budget-auto server that exits at start-up is recorded as
-   ``auto_failed`` in ``progress.json`` and the map goes on without it; ``--graphs 15,auto``
-   adds ``ddtree-b15-graphs`` and ``ddtree-auto-graphs``, the same servers started with
-   ``SGLANG_DDTREE_ROUND_GRAPHS=1``, whose ``/server_info`` round-graph state goes to
-   ``A-cN.round-graphs.json`` (0.5.13; a v2 release's servers have the graphs but no such
-   state: what they answered is recorded instead, and a v2 ``auto`` server exits at
-   start-up, ``auto_failed_ddtree-gauto``); phase A's servers must fit on the GPU together:
-   five 8B-cost servers do);
+   (``ddtree-bN`` arms) against DFLASH, plain timed as the reference, ``--prompts-per``
+   prompts at that concurrency (``--no-agree``: no small pair and no step 4). Every DDTREE
+   server's round timing from ``/server_info`` is kept after each bench as
+   ``A-cN.round-timing.json``. ``--auto`` adds ``ddtree-auto``, a DDTREE server started
+   with ``--speculative-ddtree-budget auto`` (0.5.13 series only; a v2 release refuses it),
+   whose policy state is kept as ``A-cN.auto-policy.json``; ``--graphs 15,auto`` adds
+   ``ddtree-b15-graphs`` and ``ddtree-auto-graphs``, the same servers started with
+   ``SGLANG_DDTREE_ROUND_GRAPHS=1``, whose round-graph state goes to
+   ``A-cN.round-graphs.json``. A server under test (``may_fail``: budget auto, the graph
+   servers) that exits at start-up is recorded in ``progress.json`` (``auto_failed``,
+   ``auto_failed_ddtree-gauto``, ``start_failed_ddtree-gB``) and the map goes on without
+   it. Phase A's servers must fit on the GPU together: five 8B-cost servers do;
 6. ``profile-ARM-cN``: SGLang's profiler over 20 decode steps of DFLASH and DDTREE at the
    profile budgets (and the budget-auto server with ``--auto``, and the ``--profile-graphs``
    servers), at each profile
@@ -221,16 +220,22 @@ def profile_step(v: run.Validation, name: str, port: int, concurrency: int) -> d
 AUTO_SERVERS = ("ddtree-nauto", "ddtree-gauto")
 
 
-def healthy_but_auto(v: run.Validation, phase_a: dict, small: dict) -> bool:
-    """``run.servers_healthy`` over phase A and the small pair, except that a budget-auto
-    server exiting does not end the map: its log's end goes to ``progress.json``
-    (``auto_failed``, or ``auto_failed_<server>`` for ``ddtree-gauto``), it leaves
-    ``phase_a`` and the others are waited for."""
+def may_fail(server: str) -> bool:
+    """Whether a server may exit at start-up without ending the map: the ones under test
+    (budget auto, and every ``--graphs`` server: the v2 releases' round graphs had never run
+    on a GPU); plain, DFLASH and the eager budgets are what the map compares against."""
+    return server in AUTO_SERVERS or server.startswith("ddtree-g")
+
+
+def healthy_but_optional(v: run.Validation, phase_a: dict, small: dict) -> bool:
+    """``run.servers_healthy`` over phase A and the small pair, except that a server that
+    ``may_fail`` exiting does not end the map: its log's end goes to ``progress.json``
+    (``_failed_key``), it leaves ``phase_a`` and the others are waited for."""
     while True:
         try:
             return run.servers_healthy(v, {**phase_a, **small}, margin=20)
         except run.ServerExited as exc:
-            gone = [n for n in AUTO_SERVERS if n in phase_a
+            gone = [n for n in phase_a if may_fail(n)
                     and not run.alive(int((v.state / f"{n}.pid").read_text()))]  # fmt: skip
             if not gone:
                 raise
@@ -242,7 +247,11 @@ def healthy_but_auto(v: run.Validation, phase_a: dict, small: dict) -> bool:
 
 
 def _failed_key(server: str) -> str:
-    return "auto_failed" if server == "ddtree-nauto" else f"auto_failed_{server}"
+    """``auto_failed`` (``ddtree-nauto``), ``auto_failed_ddtree-gauto``, else
+    ``start_failed_<server>``."""
+    if server == "ddtree-nauto":
+        return "auto_failed"
+    return f"auto_failed_{server}" if server in AUTO_SERVERS else f"start_failed_{server}"
 
 
 STATE_KEYS = ("speculative_ddtree_round_timing", "speculative_ddtree_budget_policy",
@@ -314,9 +323,9 @@ def crossover(v: run.Validation) -> int:
                           graphs=args.graphs)  # fmt: skip
     phase_b = servers_for(state, args, args.budgets_b, c["sglang"])
     small = {} if args.no_agree else small_servers(state, args, c["sglang"])
-    for name in AUTO_SERVERS:  # one that exited at start-up in an earlier call
+    for name in [n for n in phase_a if may_fail(n)]:  # exited at start-up in an earlier call
         if v.progress.get(_failed_key(name)):
-            phase_a.pop(name, None)
+            phase_a.pop(name)
     v.write("servers.json", {n: {"port": p, "cmd": cmd}
                              for n, (p, cmd) in {**phase_a, **phase_b, **small}.items()})  # fmt: skip
     todo = [s for s in plan(args) if not v.done(s)]
@@ -330,7 +339,7 @@ def crossover(v: run.Validation) -> int:
                 v.record(step, built=False, ckpt=args.ckpt)
         elif step == "servers-a":
             run.start_servers(v, {**phase_a, **small}, pool_wait=run.pool_wait(c["sglang"]))
-            if not healthy_but_auto(v, phase_a, small):
+            if not healthy_but_optional(v, phase_a, small):
                 return v.finish("incomplete: servers still starting (left running)", 3, todo)
             started = v.progress["started"]
             v.record(step, after_s={n: round(time.time() - started[n], 1)
@@ -362,8 +371,8 @@ def crossover(v: run.Validation) -> int:
             name, conc = step.removeprefix("profile-").rsplit("-c", 1)
             if name in phase_a:
                 v.record(step, **profile_step(v, name, phase_a[name][0], int(conc)))
-            else:  # the budget-auto server exited at start-up
-                v.record(step, skipped="auto_failed")
+            else:  # it exited at start-up
+                v.record(step, skipped=_failed_key(name))
         elif step == "servers-b":
             stop(v, [n for n in phase_a if n.startswith("ddtree")] + list(small))
             run.start_servers(v, phase_b, pool_wait=run.pool_wait(c["sglang"]))
