@@ -59,8 +59,11 @@ PLACEMENT_KEYS = frozenset({"base_gpu_id", "gpu_id"})
 # A plain server (the timed --reference) against speculative arms: besides the algorithm
 # and every speculative_* setting, SGLang picks its default CUDA-graph batch sizes per mode
 # (patched SGLang 0.5.13 on an H200, 2026-12-01, same flags: cuda_graph_bs [1, 2, 3, ..., 8]
-# for DFLASH and DDTREE, [1, 2, 4, 8] for the plain server).
-PLAIN_DERIVED_KEYS = frozenset({"cuda_graph_bs", DRAFTER_BLOCK_KEY})
+# for DFLASH and DDTREE, [1, 2, 4, 8] for the plain server). From 0.5.14 the list it derives
+# is cuda_graph_config.decode.bs (0.5.17 on an H100, 2026-12-05: [1, 2, ..., 8, 10, 12, ...]
+# against [1, 2, 4, 8, 12, 16, 24, 32]); what the user sets, cuda_graph_bs_decode, is still
+# compared.
+PLAIN_DERIVED_KEYS = frozenset({"cuda_graph_bs", "cuda_graph_config.decode.bs", DRAFTER_BLOCK_KEY})
 
 
 @dataclass(frozen=True)
@@ -132,8 +135,8 @@ def compare_with_plain(fingerprints: dict[str, dict[str, Any]]) -> list[Differen
 
     def speculative(key: str) -> bool:
         leaf = key.rsplit(".", 1)[-1]
-        plain_differs = leaf.startswith("speculative_") or leaf in PLAIN_DERIVED_KEYS
-        return plain_differs or is_algorithm_key(key)
+        derived = key in PLAIN_DERIVED_KEYS or leaf in PLAIN_DERIVED_KEYS
+        return leaf.startswith("speculative_") or derived or is_algorithm_key(key)
 
     return _differing(fingerprints, skip=speculative)
 

@@ -1,4 +1,5 @@
-"""The confound guard on real /server_info answers of patched SGLang 0.5.13 (one H200).
+"""The confound guard on real /server_info answers of patched SGLang 0.5.13 (one H200) and
+0.5.17 (the v2 layout, one H100).
 
 The answers are copied verbatim from bench summaries of GPU runs (see the fixture's
 ``_provenance``). Where a test changes one field, it is the field a server started with the
@@ -180,3 +181,37 @@ def test_a_plain_reference_differs_from_the_arms_only_in_speculation():
     plain["model_path"] = plain["model_path"] + "-other"
     fps["reference"] = fingerprint.fingerprint(plain)
     assert [d.key for d in fingerprint.compare_with_plain(fps)] == ["model_path"]
+
+
+V2_ANSWERS = json.loads(
+    (Path(__file__).parent / "fixtures" / "sglang_0517_h100_server_info.json").read_text()
+)
+
+
+def with_plain(reference: dict, **arms: dict) -> dict:
+    fps = {name: fingerprint.fingerprint(info) for name, info in arms.items()}
+    fps["reference"] = fingerprint.fingerprint(reference)
+    return {d.key: d.values for d in fingerprint.compare_with_plain(fps)}
+
+
+def test_v2_plain_reference_differs_only_in_what_speculation_derives():
+    answers = copy.deepcopy(V2_ANSWERS)
+    reference, dflash, ddtree = answers["reference"], answers["dflash"], answers["ddtree"]
+    # What the answers really say: SGLang derived other decode graph sizes for the plain
+    # server (nobody set them), and the arms agree with each other.
+    derived = "cuda_graph_config"
+    assert reference[derived]["decode"]["bs"] != dflash[derived]["decode"]["bs"]
+    assert reference["cuda_graph_bs_decode"] is dflash["cuda_graph_bs_decode"] is None
+    assert differences(ddtree, dflash) == {}
+    assert with_plain(reference, dflash=dflash, ddtree=ddtree) == {}
+
+
+def test_v2_plain_reference_with_its_own_graph_sizes_is_refused():
+    answers = copy.deepcopy(V2_ANSWERS)
+    reference, dflash = answers["reference"], answers["dflash"]
+    # --cuda-graph-bs-decode 1 2 4 on the plain server only
+    reference["cuda_graph_bs_decode"] = [1, 2, 4]
+    reference["cuda_graph_config"]["decode"]["bs"] = [1, 2, 4]
+    assert with_plain(reference, dflash=dflash) == {
+        "cuda_graph_bs_decode": {"dflash": None, "reference": [1, 2, 4]}
+    }
