@@ -200,7 +200,7 @@ def test_round_graphs_replay_the_round_of_the_next_captured_size(probe):
         assert graphs["worker_capture_fails"] is True
     else:
         v2 = graphs["v2"]
-        assert v2["worker_default"] is False
+        assert v2["worker_default"] is True
         assert v2["capture_on_cpu"] is True and v2["capture_fails"] is True
         # The v2 draft head: rounds of 3 and 4 replay the size-4 graph, a round handed
         # another head object runs eagerly; every one gets the eager round's tree.

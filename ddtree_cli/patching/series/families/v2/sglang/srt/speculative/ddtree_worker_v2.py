@@ -10,9 +10,9 @@ first ``block_size`` columns. DDTREE overrides these seams of the decode round:
 1. the draft head: per-position top-K log-probabilities (``ddtree_utils``) and a
    best-first tree under the node budget (``ddtree_tree.build_tree_from_topk``);
 2. the verify input: tree tokens, ``prefix + depth`` positions and a FULL_MASK tree mask;
-3. accept: SGLang's ``verify_tree_greedy`` (greedy) or one target sample per node walked
-   by ``ddtree_tree.verify_walk`` (sampling: the output follows the target exactly), then
-   the accepted path's KV moves to the front of the verify window;
+3. accept: the target's argmax per node (greedy) or one target sample per node (the
+   output then follows the target exactly) walked by ``ddtree_tree.verify_walk``, then the
+   accepted path's KV moves to the front of the verify window;
 4. the committed target hidden states: the accepted path's rows, front-compacted, feed
    the draft KV materialisation (``block_size`` rows per request: the tree is at most
    ``block_size - 1`` deep, so the accepted path fits the draft block);
@@ -21,11 +21,13 @@ first ``block_size`` columns. DDTREE overrides these seams of the decode round:
 Before serving (``init_cuda_graphs``, after the target's and the drafter's graphs are
 captured) it runs the round's eager part once per batch size the target's CUDA graphs cover
 (``ddtree_round_graphs.warm_rounds``), so that its Triton kernels compile then rather than in
-the first request; with ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (opt-in here, on by default in the
-v1 worker; one rank, CUDA) it first captures the draft head and the tree build per batch
-size (``capture_round_graphs``) and replays them in ``_draft_next_tokens`` instead of
-launching both from Python, as the v1 worker does (the capture before the warm-up: each
-capture empties PyTorch's allocator caches).
+the first request. By default (one rank, CUDA; ``SGLANG_DDTREE_ROUND_GRAPHS=0`` turns it
+off) it first captures the draft head and the tree build per batch size
+(``capture_round_graphs``) and replays them in ``_draft_next_tokens`` instead of launching
+both from Python, as the v1 worker does (the capture before the warm-up: each capture
+empties PyTorch's allocator caches). On an H100 with 0.5.17 and the trained pair the graph
+server's rounds replayed every round and were faster than the eager server's
+(docs/validation.md, the seventeenth GPU run).
 
 Every decode round's host time is recorded (``forward_batch_generation``, into
 ``ddtree_round_timing.RoundTiming``) per batch bucket (``ddtree_budget_policy.batch_bucket``)
@@ -35,15 +37,14 @@ as there is no budget policy here (``auto`` is refused). ``ddtree_internal_state
 it, and the round graphs' counters when they were captured, to the scheduler's
 ``get_internal_state`` (each release's ``scheduler.py`` hunk; from 0.5.22 the hunk is in the
 scheduler's internal-state controller, where SGLang moved it), so that ``/server_info``
-shows them as on 0.5.13. None of the warm-up, the round graphs or the round timing has been
-run on a GPU in a v2 release (docs/performance.md has the v1 runs).
+shows them as on 0.5.13.
 
 The same file serves every v2 release (0.5.14 on). Where SGLang moved something between
 them, this file looks for it rather than assuming one release: the DFlash worker's
 constructor arguments are passed on as given, the resolved arguments are read from the
 published spec config where there is one (0.5.17 on), the KV index plan (0.5.22 on) is
-used when the target runner has one, and SGLang's kernels (cache locations, tree verify)
-are imported from where the release keeps them. The per-release seams live in each
+used when the target runner has one, and SGLang's cache-location kernel is
+imported from where the release keeps it. The per-release seams live in each
 release's ``dflash_worker_v2.py`` hunks.
 """
 
@@ -93,15 +94,6 @@ except ImportError:  # 0.5.14 - 0.5.16 resolve ServerArgs in place: it is the re
 logger = logging.getLogger(__name__)
 
 
-def _verify_tree_greedy_func():
-    """SGLang's greedy tree-verify kernel, from where this release keeps it."""
-    try:  # 0.5.23
-        from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_func
-    except ImportError:  # 0.5.14 - 0.5.22
-        from sglang.srt.speculative.eagle_utils import verify_tree_greedy_func
-    return verify_tree_greedy_func
-
-
 def _top_k_top_p_renorm(
     probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor
 ) -> torch.Tensor:
@@ -117,9 +109,8 @@ def _top_k_top_p_renorm(
 class DDTreeWorkerV2(DFlashWorkerV2):
     """DDTree speculative decoding on the DFlash v2 worker (page_size 1, no overlap)."""
 
-    # Round graphs only with SGLANG_DDTREE_ROUND_GRAPHS on: not yet run on a GPU in a v2
-    # release (round_graphs_requested).
-    ROUND_GRAPHS_DEFAULT = False
+    # Round graphs unless SGLANG_DDTREE_ROUND_GRAPHS is off (round_graphs_requested).
+    ROUND_GRAPHS_DEFAULT = True
     # Set by init_cuda_graphs when they are captured, with the LM head they were captured
     # for (a round with another head runs eagerly).
     _round_graphs: Optional[DraftRoundGraphs] = None
@@ -250,7 +241,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def init_cuda_graphs(self):
         """The scheduler calls this after the target's graphs are captured: DFlash's draft
-        graphs, then (opt-in) the round graphs and the warm-up, in the draft head's own
+        graphs, then the round graphs (unless switched off) and the warm-up, in the draft
+        head's own
         parallel placement where the release has one."""
         super().init_cuda_graphs()
         with self._draft_head_context():
@@ -310,7 +302,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
 
     def _capture_round_graphs(self, tp_group) -> Optional[DraftRoundGraphs]:
-        """``SGLANG_DDTREE_ROUND_GRAPHS=1``: ``capture_round_graphs`` at (K, budget) =
+        """Unless ``SGLANG_DDTREE_ROUND_GRAPHS`` is off: ``capture_round_graphs`` at (K, budget) =
         (budget, budget) per CUDA-graph batch size; None (and a warning) where it does not
         apply: more than one rank, not CUDA, no vocab-parallel head, a failed capture."""
         lm_head = self._target_lm_head()
@@ -404,75 +396,45 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         bs: int,
         target_predict: Optional[torch.Tensor] = None,
     ):
+        """Walk each tree with the target's token per node (its argmax, or one sample per
+        node at temperature > 0), move the accepted path's KV to the front of its verify
+        window and return what DFlash's accept returns. The walk is ``ddtree_tree``'s (one
+        fused launch on a GPU: path, length, bonus and the rows that compact the path); the
+        rest is a handful of launches, where the spec-v2 round is bound by launches on a
+        small target (docs/validation.md, the fifth and seventeenth GPU runs)."""
         tree, batch = self._tree, self._verify_batch
-        # d: tree slots per request in the verify; k: accepted-path width (the tree is
-        # at most block_size - 1 deep, so a path of root + drafts fits the draft block).
-        d, k = self.verify_width, int(self.block_size)
-        # The verified tokens (root + tree), not the caller's [bs, block_size] block.
-        candidates = self._verify_input.draft_token.view(bs, d)
-        device = candidates.device
-        greedy = sampling_info is None or sampling_info.is_all_greedy
+        # d: tree slots per request in the verify; the walk's path is block_size wide (the
+        # tree is at most block_size - 1 deep), so it fits the draft block.
+        d = self.verify_width
         if target_predict is None:
-            if greedy:
+            if sampling_info is None or sampling_info.is_all_greedy:
                 target_predict = torch.argmax(next_token_logits, dim=-1)
             else:
                 target_predict = self._target_tokens_per_node(
                     next_token_logits, sampling_info, bs
                 )
-        target_predict = target_predict.view(bs, d).to(torch.int64)
-
-        if greedy:
-            predicts = torch.empty((bs * d,), dtype=torch.int32, device=device)
-            accept_index = torch.full((bs, d), -1, dtype=torch.int32, device=device)
-            num_correct = torch.empty((bs,), dtype=torch.int32, device=device)
-            retrieve = self._verify_input
-            _verify_tree_greedy_func()(
-                predicts=predicts,
-                accept_index=accept_index,
-                accept_token_num=num_correct,
-                candidates=candidates.to(torch.int64),
-                retrieve_index=retrieve.retrieve_index,
-                retrieve_next_token=retrieve.retrieve_next_token,
-                retrieve_next_sibling=retrieve.retrieve_next_sibling,
-                target_predict=target_predict,
-            )
-            commit_lens = (num_correct + 1).to(torch.int32)
-            rows = accept_index[:, :k].to(torch.int64)
-            flat_predict = predicts.to(torch.int64)
-        else:
-            walk = ddtree_tree.verify_walk(tree, target_predict)
-            commit_lens = walk.accept_len.to(torch.int32)
-            num_correct = commit_lens - 1
-            offsets = torch.arange(bs, device=device).unsqueeze(1) * d
-            rows = torch.where(walk.accepted >= 0, walk.accepted + offsets, -1)
-            flat_predict = target_predict.reshape(-1)
-
+        target = target_predict.view(bs, d).to(torch.int64)
+        walk = ddtree_tree.verify_walk(tree, target)
+        path = ddtree_tree.compaction_indices(walk, d)
+        commit_lens = walk.accept_len.to(torch.int32)
+        num_correct = commit_lens - 1
         # Tokens this round emits: the target's token at every accepted node (matched
-        # drafts, then the bonus), laid out with stride block_size as the scheduler
-        # reads them (the result's speculative_num_draft_tokens).
-        keep = rows >= 0
-        out_tokens = torch.where(keep, flat_predict[rows.clamp_min(0)], 0)
-        last = (commit_lens.to(torch.int64) - 1).unsqueeze(1)
-        bonus = out_tokens.gather(1, last).squeeze(1)
-
-        # KV: copy the accepted nodes' KV to the front of each verify window.
+        # drafts, then the bonus), laid out with stride block_size as the scheduler reads
+        # them (the result's speculative_num_draft_tokens).
+        out_tokens = torch.where(path.keep, target.gather(1, path.src_slots), 0)
+        # KV: copy the accepted nodes' KV (flat rows, -1 after the path) to the front of
+        # each verify window.
         move_accept_tokens_to_target_kvcache(
             batch,
-            rows.to(torch.int32),
-            num_correct.to(torch.int32),
+            torch.where(path.keep, path.src_rows, -1).to(torch.int32),
+            num_correct,
             self.target_worker.model_runner.token_to_kv_pool_allocator,
         )
         # Hidden rows for the draft KV ([bs, block_size] rows out of the [bs, d] verify):
-        # the accepted path first, the window's own rows elsewhere (never committed).
-        identity = (
-            torch.arange(bs, device=device).unsqueeze(1) * d
-            + torch.arange(k, device=device).unsqueeze(0)
-        )
-        self._accept_rows = torch.where(keep, rows, identity).reshape(-1)
-
-        accept_len = commit_lens - 1
+        # the accepted path first, the window's own rows after it (never committed).
+        self._accept_rows = path.src_rows.reshape(-1)
         new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
-        return accept_len, commit_lens, bonus, out_tokens, new_seq_lens
+        return num_correct, commit_lens, walk.bonus, out_tokens, new_seq_lens
 
     def _committed_target_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         rows, self._accept_rows = self._accept_rows, None
