@@ -389,6 +389,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=260)
     p.add_argument("--pieces", nargs="*", default=[])
     p.add_argument("--out", default="crossover-out")
+    p.add_argument(
+        "--map",
+        default="map",
+        help="the state's folder for this map's progress and results: a second map (another "
+        "pair, other arms) on the same installed bundle, once the first one's servers are "
+        "stopped (run.py stop all)",
+    )
     p.add_argument("--until", type=float, default=540)
     p.add_argument("--ckpt", default="scaled", help="the pair to map (default: built by scale)")
     p.add_argument("--small-ckpt", default="trained")
@@ -454,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--profile-budgets must be phase-A budgets")
     if not set(args.profile_graphs) <= set(args.graphs):
         p.error("--profile-graphs must be --graphs entries")
-    v = run.Validation(args, folder="map", estimates=ESTIMATES)
+    v = run.Validation(args, folder=args.map, estimates=ESTIMATES)
     try:
         return crossover(v)
     except Exception as exc:  # whatever broke, the results so far still go back

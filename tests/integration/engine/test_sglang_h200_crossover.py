@@ -148,14 +148,15 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
 
 def test_a_graph_server_that_fails_its_start_leaves_the_map_going(tmp_path, monkeypatch):
     """A v2 release (servers started one after another): a ``--graphs`` server that exits
-    at start-up is recorded and left out; the eager budget is benched against DFLASH."""
+    at start-up is recorded and left out; the eager budget is benched against DFLASH. The
+    map keeps its progress and results in its own folder (``--map``)."""
     pieces = standin_bundle(tmp_path, version="0.5.17")
     base = free_base(5)
     out = tmp_path / "out"
     flags = ["--out", str(out), "--ckpt", "trained", "--base", str(base), "--budgets-a", "4",
              "--budgets-b=", "--graphs", "4", "--no-agree", "--concurrency", "1",
              "--profile-concurrency=", "--prompts-floor", "5", "--trials", "2", "--max-new", "8",
-             "--client", str(REPO)]  # fmt: skip
+             "--client", str(REPO), "--map", "trained-v2"]  # fmt: skip
     monkeypatch.setenv("STANDIN_ROUND_GRAPHS_FAIL", "1")
     state = tmp_path / "state"
     try:
@@ -163,12 +164,12 @@ def test_a_graph_server_that_fails_its_start_leaves_the_map_going(tmp_path, monk
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         status = json.loads((out / "status.json").read_text())
         assert status["status"] == "done", status
-        progress = json.loads((state / "map" / "progress.json").read_text())
+        progress = json.loads((state / "trained-v2" / "progress.json").read_text())
         assert "the round graphs' capture failed" in progress["start_failed_ddtree-g4"]
         results = tmp_path / "results"
         with tarfile.open(out / "results.tgz") as tar:
             tar.extractall(results, filter="data")
-        summary = json.loads((results / "map" / "A-c1" / "summary.json").read_text())
+        summary = json.loads((results / "trained-v2" / "A-c1" / "summary.json").read_text())
         assert set(summary["sweep"][0]["arms"]) == {"ddtree-b4", "dflash", "reference"}
         assert summary["lossless"]["mismatches"] == []
         # Called again, the failed server is not started again, nor does it end the map.
