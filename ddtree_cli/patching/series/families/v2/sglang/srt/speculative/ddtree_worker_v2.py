@@ -43,9 +43,9 @@ The same file serves every v2 release (0.5.14 on). Where SGLang moved something 
 them, this file looks for it rather than assuming one release: the DFlash worker's
 constructor arguments are passed on as given, the resolved arguments are read from the
 published spec config where there is one (0.5.17 on), the KV index plan (0.5.22 on) is
-used when the target runner has one, and SGLang's cache-location kernel is
-imported from where the release keeps it. The per-release seams live in each
-release's ``dflash_worker_v2.py`` hunks.
+used when the target runner has one, and SGLang's cache-location kernel is imported from
+where the release keeps it. The per-release seams live in each release's
+``dflash_worker_v2.py`` hunks.
 """
 
 from __future__ import annotations
@@ -242,8 +242,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def init_cuda_graphs(self):
         """The scheduler calls this after the target's graphs are captured: DFlash's draft
         graphs, then the round graphs (unless switched off) and the warm-up, in the draft
-        head's own
-        parallel placement where the release has one."""
+        head's own parallel placement where the release has one."""
         super().init_cuda_graphs()
         with self._draft_head_context():
             tp_group = get_parallel().tp_group
@@ -302,9 +301,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
 
     def _capture_round_graphs(self, tp_group) -> Optional[DraftRoundGraphs]:
-        """Unless ``SGLANG_DDTREE_ROUND_GRAPHS`` is off: ``capture_round_graphs`` at (K, budget) =
-        (budget, budget) per CUDA-graph batch size; None (and a warning) where it does not
-        apply: more than one rank, not CUDA, no vocab-parallel head, a failed capture."""
+        """Unless ``SGLANG_DDTREE_ROUND_GRAPHS`` is off: ``capture_round_graphs`` at
+        (K, budget) = (budget, budget) per CUDA-graph batch size; None (and a warning) where
+        it does not apply: more than one rank, not CUDA, no vocab-parallel head, a failed
+        capture."""
         lm_head = self._target_lm_head()
         graphs = capture_round_graphs(
             lm_head,
