@@ -97,8 +97,8 @@ def commands(state: Path, args, ckpt: str, arms: list[tuple], version: str) -> d
 
 def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool = False,
                 graphs: tuple = ()) -> dict:  # fmt: skip
-    """One phase: the scaled pair's plain, DFLASH and one DDTREE server per budget on base,
-    base + 1, base + 2 + slot (a budget keeps its slot in both phases); with ``auto`` also a
+    """One phase: the scaled pair's plain (not with ``--no-plain``), DFLASH and one DDTREE
+    server per budget on base, base + 1, base + 2 + slot (a budget keeps its slot in both phases); with ``auto`` also a
     DDTREE server with ``--speculative-ddtree-budget auto`` (``ddtree-nauto``) after them;
     then one ``ddtree-gB`` server per entry of ``graphs`` (a budget or ``auto``), the same
     DDTREE server started with ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (the round's draft head and
@@ -106,7 +106,8 @@ def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool 
     ``ddtree-n*`` servers get ``SGLANG_DDTREE_ROUND_GRAPHS=0``: eager in every layout (the
     v1 worker's default is on)."""
     every = args.budgets_a + args.budgets_b
-    arms = [("plain", "plain", None, args.base), ("dflash", "dflash", None, args.base + 1)]
+    arms = [] if args.no_plain else [("plain", "plain", None, args.base)]
+    arms.append(("dflash", "dflash", None, args.base + 1))
     arms += [(f"ddtree-n{b}", "ddtree", b, args.base + 2 + every.index(b)) for b in budgets]
     if auto:
         arms.append(("ddtree-nauto", "ddtree", "auto", args.base + 2 + len(every)))
@@ -161,9 +162,10 @@ def warmup_at(concurrency: int, warmup: str) -> int:
 def bench_step(v: run.Validation, step: str, servers: dict, concurrency: int,
                reference: bool) -> int:  # fmt: skip
     """One interleaved ``ddtree bench`` at one concurrency: every DDTREE server of the phase
-    (its arm named by ``arm_of``) against DFLASH (plain timed as the reference when
-    ``reference``), through the confound guard as ``run.guarded_bench`` runs it. 124: cut at
-    the call's end."""
+    (its arm named by ``arm_of``) against DFLASH, the plain server the lossless check's
+    reference (and timed when ``reference``), through the confound guard as
+    ``run.guarded_bench`` runs it; with ``--no-plain`` no reference (the arms are checked
+    against each other). 124: cut at the call's end."""
     args, state = v.args, v.state
     count = prompts_at(concurrency, args.prompts_per, args.prompts_floor)
     rows = run.load_rows(state, args.prompt_file, count, 64, args.vocab, seed=2)
@@ -174,14 +176,22 @@ def bench_step(v: run.Validation, step: str, servers: dict, concurrency: int,
     cmd = [sys.executable, "-m", "ddtree_cli", "bench", "--algo", "ddtree", "--baseline", "dflash",
            *[x for u in urls for x in ("--url", u)],
            "--url", f"dflash=http://127.0.0.1:{servers['dflash'][0]}",
-           "--reference", f"http://127.0.0.1:{servers['plain'][0]}",
-           *(["--time-reference"] if reference else []),
+           *plain_flags(servers, reference),
            "--dataset", str(dataset), "--num-prompts", str(count),
            "--max-new-tokens", str(args.max_new), "--temperature", "0",
            "--concurrency", str(concurrency), "--trials", str(args.trials),
            "--warmup", str(warmup_at(concurrency, args.warmup)),
            "--json", "--output", str(output)]  # fmt: skip
     return run.guarded_bench(v, step, cmd, run.client_env(state, args.client), margin=15)
+
+
+def plain_flags(servers: dict, timed: bool) -> list[str]:
+    """The bench's ``--reference`` (and ``--time-reference`` when ``timed``) for the phase's
+    plain server; none without one (``--no-plain``)."""
+    if "plain" not in servers:
+        return []
+    return ["--reference", f"http://127.0.0.1:{servers['plain'][0]}",
+            *(["--time-reference"] if timed else [])]  # fmt: skip
 
 
 def agree_step(v: run.Validation) -> dict:
@@ -445,6 +455,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agree-new", type=int, default=64)
     p.add_argument("--prompt-file", help="default: the bundle's heldout set")
     p.add_argument("--no-reference-b", action="store_true", help="phase B without plain timed")
+    p.add_argument(
+        "--no-plain",
+        action="store_true",
+        help="no plain server: the benches have no --reference and check the arms against "
+        "each other only; one server's memory freed (on an 80 GB GPU, DFLASH and two DDTREE "
+        "8B-cost servers fit, not with plain beside them). Needs --no-agree",
+    )
     p.add_argument("--mem-fraction", type=float, default=0.9)
     p.add_argument("--max-total-tokens", type=int, default=20000)
     p.add_argument("--max-bs", type=int, default=32)
@@ -453,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.warmup != "c" and not (args.warmup.isdigit()):
         p.error(f"--warmup must be a number of requests or 'c', got {args.warmup!r}")
+    if args.no_plain and not args.no_agree:
+        p.error("--no-plain needs --no-agree (agree compares with the plain servers)")
     if set(args.budgets_a) & set(args.budgets_b):
         p.error("--budgets-a must share no budget with --budgets-b")
     if not args.budgets_a and not (args.graphs and args.no_agree):

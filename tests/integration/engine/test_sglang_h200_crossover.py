@@ -39,6 +39,7 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
     args = crossover.main.__globals__["argparse"].Namespace(
         budgets_a=[64, 15, 32], budgets_b=[128], base=30000, small_base=31000, ckpt="scaled",
         small_ckpt="trained", mem_fraction=0.9, max_bs=32, max_total_tokens=20000,
+        no_plain=False,
     )  # fmt: skip
     a = crossover.servers_for(tmp_path, args, args.budgets_a, "0.5.13")
     b = crossover.servers_for(tmp_path, args, args.budgets_b, "0.5.13")
@@ -68,6 +69,13 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
     assert {n: p for n, (p, _) in only.items()} == {
         "plain": 30000, "dflash": 30001, "ddtree-g15": 30003, "ddtree-g64": 30004,
         "ddtree-gauto": 30005}  # fmt: skip
+    # --no-plain: the same servers but plain, on the same ports.
+    args.no_plain = True
+    lean = crossover.servers_for(tmp_path, args, [], "0.5.13",
+                                 graphs=crossover._graph_budgets("15,64,auto"))  # fmt: skip
+    assert {n: p for n, (p, _) in lean.items()} == {
+        n: p for n, (p, _) in only.items() if n != "plain"}  # fmt: skip
+    args.no_plain = False
     args.budgets_a, args.budgets_b = [64, 15, 32], [128]
     # Phase B's plain and DFLASH are phase A's servers (same commands), so they keep running.
     assert a["plain"] == b["plain"] and a["dflash"] == b["dflash"]
@@ -149,14 +157,15 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
 def test_a_graph_server_that_fails_its_start_leaves_the_map_going(tmp_path, monkeypatch):
     """A v2 release (servers started one after another): a ``--graphs`` server that exits
     at start-up is recorded and left out; the eager budget is benched against DFLASH. The
-    map keeps its progress and results in its own folder (``--map``)."""
+    map keeps its progress and results in its own folder (``--map``); with ``--no-plain``
+    there is no plain server and no reference in the bench."""
     pieces = standin_bundle(tmp_path, version="0.5.17")
     base = free_base(5)
     out = tmp_path / "out"
     flags = ["--out", str(out), "--ckpt", "trained", "--base", str(base), "--budgets-a", "4",
              "--budgets-b=", "--graphs", "4", "--no-agree", "--concurrency", "1",
              "--profile-concurrency=", "--prompts-floor", "5", "--trials", "2", "--max-new", "8",
-             "--client", str(REPO), "--map", "trained-v2"]  # fmt: skip
+             "--client", str(REPO), "--map", "trained-v2", "--no-plain"]  # fmt: skip
     monkeypatch.setenv("STANDIN_ROUND_GRAPHS_FAIL", "1")
     state = tmp_path / "state"
     try:
@@ -170,8 +179,9 @@ def test_a_graph_server_that_fails_its_start_leaves_the_map_going(tmp_path, monk
         with tarfile.open(out / "results.tgz") as tar:
             tar.extractall(results, filter="data")
         summary = json.loads((results / "trained-v2" / "A-c1" / "summary.json").read_text())
-        assert set(summary["sweep"][0]["arms"]) == {"ddtree-b4", "dflash", "reference"}
-        assert summary["lossless"]["mismatches"] == []
+        assert set(summary["sweep"][0]["arms"]) == {"ddtree-b4", "dflash"}
+        assert summary["reference"] is None and summary["lossless"]["mismatches"] == []
+        assert not (state / "plain.pid").exists()
         # Called again, the failed server is not started again, nor does it end the map.
         proc = _run(tmp_path, *flags)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
