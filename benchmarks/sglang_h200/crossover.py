@@ -98,8 +98,9 @@ def commands(state: Path, args, ckpt: str, arms: list[tuple], version: str) -> d
 def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool = False,
                 graphs: tuple = ()) -> dict:  # fmt: skip
     """One phase: the scaled pair's plain (not with ``--no-plain``), DFLASH and one DDTREE
-    server per budget on base, base + 1, base + 2 + slot (a budget keeps its slot in both phases); with ``auto`` also a
-    DDTREE server with ``--speculative-ddtree-budget auto`` (``ddtree-nauto``) after them;
+    server per budget on base, base + 1, base + 2 + slot (a budget keeps its slot in both
+    phases); with ``auto`` also a DDTREE server with ``--speculative-ddtree-budget auto``
+    (``ddtree-nauto``) after them;
     then one ``ddtree-gB`` server per entry of ``graphs`` (a budget or ``auto``), the same
     DDTREE server started with ``SGLANG_DDTREE_ROUND_GRAPHS=1`` (the round's draft head and
     tree build replayed from CUDA graphs), so that both run side by side in one bench. The

@@ -62,7 +62,7 @@ PLACEMENT_KEYS = frozenset({"base_gpu_id", "gpu_id"})
 # for DFLASH and DDTREE, [1, 2, 4, 8] for the plain server). From 0.5.14 the list it derives
 # is cuda_graph_config.decode.bs (0.5.17 on an H100, 2026-12-05: [1, 2, ..., 8, 10, 12, ...]
 # against [1, 2, 4, 8, 12, 16, 24, 32]); what the user sets, cuda_graph_bs_decode, is still
-# compared.
+# compared. Keys as fingerprint() writes them (dotted for nested fields).
 PLAIN_DERIVED_KEYS = frozenset({"cuda_graph_bs", "cuda_graph_config.decode.bs", DRAFTER_BLOCK_KEY})
 
 
@@ -135,8 +135,7 @@ def compare_with_plain(fingerprints: dict[str, dict[str, Any]]) -> list[Differen
 
     def speculative(key: str) -> bool:
         leaf = key.rsplit(".", 1)[-1]
-        derived = key in PLAIN_DERIVED_KEYS or leaf in PLAIN_DERIVED_KEYS
-        return leaf.startswith("speculative_") or derived or is_algorithm_key(key)
+        return leaf.startswith("speculative_") or key in PLAIN_DERIVED_KEYS or is_algorithm_key(key)
 
     return _differing(fingerprints, skip=speculative)
 

@@ -498,44 +498,16 @@ def kernel_walk(candidates, retrieve_index, next_token, next_sibling, target_pre
     return accept
 
 
-def greedy_verify_module():
-    """The module SGLang's greedy tree verify lives in, in this release."""
-    from sglang.srt.speculative import eagle_utils
-
-    spec_tree = SPEC_TREE
-    return spec_tree if hasattr(spec_tree, "verify_tree_greedy_func") else eagle_utils
-
-
-# SGLang's Triton tree-verify kernel: in kernels/ from 0.5.16, triton_ops/ in 0.5.15; 0.5.14
-# has none (its tree verify is sgl_kernel's CUDA op only).
-SPEC_TREE = first_module(
-    "sglang.kernels.ops.speculative.spec_tree", "sglang.srt.speculative.triton_ops.spec_tree"
-)
-HAS_TRITON_TREE_KERNEL = V2 and hasattr(SPEC_TREE, "verify_tree_greedy_kernel_triton")
-out["triton_tree_kernel"] = HAS_TRITON_TREE_KERNEL
 CACHE_LOCS = first_module(
     "sglang.kernels.ops.speculative.cache_locs", "sglang.srt.speculative.triton_ops.cache_locs"
 )
-
-
-def triton_walk(candidates, retrieve_index, next_token, next_sibling, target_predict):
-    spec_tree = SPEC_TREE
-    bs, d = candidates.shape
-    predicts = torch.full((bs * d,), -1, dtype=torch.int32)
-    accept = torch.full((bs, d), -1, dtype=torch.int32)
-    num = torch.zeros((bs,), dtype=torch.int32)
-    spec_tree.verify_tree_greedy_kernel_triton[(bs,)](
-        predicts, accept, num, candidates, retrieve_index, next_token, next_sibling,
-        target_predict, batch_size=bs, num_speculative_tokens=d, num_draft_tokens=d,
-    )  # fmt: skip
-    return accept.to(torch.int64)
 
 
 gen = torch.Generator().manual_seed(0)
 host_sized = {"checked": 0, "mismatches": 0}  # the tree mask sized from host lengths
 wide = {}  # budget -> facts, for budgets apart from block - 1 (15 drafted positions)
 for budget in (15, 8, 64):  # 15 first: its draws are the ones the checks were written on
-    mask_errors, position_errors, walk_mismatch, triton_mismatch, trials = [], 0, 0, 0, 0
+    mask_errors, position_errors, walk_mismatch, trials = [], 0, 0, 0
     deepest, widths = 0, set()
     for trial in range(12 if budget == 15 else 4):
         bs, n_pos, vocab = 3, 15, 40 + trial
@@ -599,32 +571,29 @@ for budget in (15, 8, 64):  # 15 first: its draws are the ones the checks were w
         accepted = walk.accepted[:, :width]
         reference[:, :width] = torch.where(accepted >= 0, accepted + offsets, -1)
         deepest = max(deepest, int(walk.accept_len.max()))
-        args = (candidates, vi.retrieve_index, vi.retrieve_next_token, vi.retrieve_next_sibling)
-        walk_mismatch += int((kernel_walk(*args, flat_target) != reference).any(1).sum())
-        if HAS_TRITON_TREE_KERNEL:
-            triton_mismatch += int((triton_walk(*args, target) != reference).any(1).sum())
+        if not V2:  # the v1 worker's accept walks the retrieve arrays with SGLang's kernel
+            args = (candidates, vi.retrieve_index, vi.retrieve_next_token,
+                    vi.retrieve_next_sibling)  # fmt: skip
+            walk_mismatch += int((kernel_walk(*args, flat_target) != reference).any(1).sum())
         trials += bs
 
     wide[budget] = {
         "trials": trials, "widths": sorted(widths), "mask_errors": mask_errors[:5],
-        "position_errors": position_errors, "kernel_walk_mismatches": walk_mismatch,
-        "triton_kernel_mismatches": triton_mismatch if HAS_TRITON_TREE_KERNEL else None,
-        "deepest_accept_len": deepest,
+        "position_errors": position_errors,
+        "kernel_walk_mismatches": None if V2 else walk_mismatch, "deepest_accept_len": deepest,
     }  # fmt: skip
     if budget == 15:
-        break_facts = (mask_errors, position_errors, walk_mismatch, triton_mismatch, trials,
-                       deepest, d, vi)  # fmt: skip
+        break_facts = (mask_errors, position_errors, walk_mismatch, trials, deepest, d, vi)
 out["verify_input_budgets"] = {str(k): v for k, v in wide.items()}
-mask_errors, position_errors, walk_mismatch, triton_mismatch, trials, deepest, d, vi = break_facts
+mask_errors, position_errors, walk_mismatch, trials, deepest, d, vi = break_facts
 out["verify_input"] = {
     "trials": trials,
     "mask_errors": mask_errors[:5],
     "position_errors": position_errors,
-    "kernel_walk_mismatches": walk_mismatch,
-    "triton_kernel_mismatches": triton_mismatch if HAS_TRITON_TREE_KERNEL else None,
+    "kernel_walk_mismatches": None if V2 else walk_mismatch,
     "deepest_accept_len": deepest,
     "draft_token_num": d,
-    "retrieve_dtype": str(vi.retrieve_index.dtype),
+    "retrieve_dtype": None if V2 else str(vi.retrieve_index.dtype),
     "host_sized_mask": host_sized,
 }
 dummy_mask = torch.ones(8, dtype=torch.bool)
@@ -645,18 +614,13 @@ if not V2:
 
 
 # --- one verify round end to end on CPU, with stand-ins only for the GPU: the CUDA
-# greedy-verify op (replaced by SGLang's Triton kernel where the release has one, 0.5.15
-# on; by the transcription on 0.5.13 and 0.5.14, where the op exists only in sgl_kernel),
-# the KV allocator and the requests.
-# SGLang's Triton bookkeeping kernels run for real in the Triton interpreter.
+# greedy-verify op the v1 worker calls (replaced by its transcription: 0.5.13 has it in
+# sgl_kernel only; the v2 worker walks the tree with ddtree_tree), the KV allocator and the
+# requests. SGLang's Triton bookkeeping kernels run for real in the Triton interpreter.
 def greedy_standin(predicts, accept_index, accept_token_num, candidates, retrieve_index,
                    retrieve_next_token, retrieve_next_sibling, target_predict, **_):  # fmt: skip
-    if HAS_TRITON_TREE_KERNEL:
-        accept = triton_walk(candidates, retrieve_index, retrieve_next_token,
-                             retrieve_next_sibling, target_predict)  # fmt: skip
-    else:
-        accept = kernel_walk(candidates, retrieve_index, retrieve_next_token,
-                             retrieve_next_sibling, target_predict.reshape(-1))  # fmt: skip
+    accept = kernel_walk(candidates, retrieve_index, retrieve_next_token,
+                         retrieve_next_sibling, target_predict.reshape(-1))  # fmt: skip
     accept_index.copy_(accept.to(accept_index.dtype))
     accept_token_num.copy_(((accept >= 0).sum(1) - 1).to(accept_token_num.dtype))
     flat = target_predict.reshape(-1)
@@ -762,7 +726,6 @@ def verify_round(budget: int) -> dict:
     round_facts = {"walk_accept_len": walk.accept_len.tolist()}
 
     if V2:
-        greedy_verify_module().verify_tree_greedy_func = greedy_standin
         worker = TreeWorker.__new__(TreeWorker)
         worker.block_size, worker.verify_width = block, d
         worker._target_worker = types.SimpleNamespace(

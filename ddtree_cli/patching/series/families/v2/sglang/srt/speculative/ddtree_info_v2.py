@@ -3,13 +3,13 @@
 The verify window (``D = budget + 1`` slots per request) holds a draft tree: slot 0
 is the root (the previous bonus token), then the tree nodes, every parent before its
 children. The target runs one TARGET_VERIFY pass under a FULL_MASK tree mask; positions are
-``prefix + depth``. The ``retrieve_*`` arrays are what SGLang's tree verify kernels walk.
+``prefix + depth``. The worker walks the tree itself (``ddtree_tree.verify_walk``), so
+this input carries none of the ``retrieve_*`` arrays SGLang's tree verify kernels read.
 The algorithm itself lives in ``ddtree_tree.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -20,21 +20,8 @@ from sglang.srt.speculative.ddtree_utils import tree_verify_inputs
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
 
-@dataclass
 class DDTreeVerifyInputV2(DFlashVerifyInput):
-    # int64 [bs, D]: flat row of each node, its first child, its next sibling (-1: none).
-    retrieve_index: Optional[torch.Tensor] = None
-    retrieve_next_token: Optional[torch.Tensor] = None
-    retrieve_next_sibling: Optional[torch.Tensor] = None
-
-    # Read by SGLang's tree verify helpers: an irregular tree, as for NGRAM.
-    @property
-    def max_tree_depth(self) -> int:
-        return int(self.draft_token_num)
-
-    @property
-    def tree_topk(self) -> int:
-        return -1
+    """DFlash's verify input holding a tree: its tokens, positions and tree mask."""
 
     @classmethod
     def from_tree(
@@ -57,9 +44,6 @@ class DDTreeVerifyInputV2(DFlashVerifyInput):
             custom_mask=inputs.tree_mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             **plan,
-            retrieve_index=inputs.retrieve_index,
-            retrieve_next_token=inputs.retrieve_next_token,
-            retrieve_next_sibling=inputs.retrieve_next_sibling,
         )
 
     @classmethod
