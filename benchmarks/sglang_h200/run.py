@@ -714,9 +714,16 @@ def cmd_bench(args) -> int:
     return subprocess.run(cmd, env=client_env(state, args.client)).returncode
 
 
+# Python functions whose host time a trace summary lists (SGLang records stacks by
+# default): the speculative workers' own, where DDTREE's round and DFLASH's differ.
+PY_FUNCTION_SCOPE = "/speculative/"
+
+
 def summarise_trace(path: Path, top: int = 25) -> dict:
     """Where the time of a torch-profiler Chrome trace went: per category (GPU kernels, CPU
-    ops, CUDA runtime calls), the ``top`` names by total duration, with counts."""
+    ops, CUDA runtime calls), the ``top`` names by total duration, with counts; and, when
+    the trace has Python stacks, the host time of every function under
+    ``PY_FUNCTION_SCOPE`` (``py_function``: inclusive, per name, most first)."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         events = json.load(f)
@@ -725,7 +732,11 @@ def summarise_trace(path: Path, top: int = 25) -> dict:
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for ev in events:
         cat = ev.get("cat")
-        if ev.get("ph") != "X" or cat not in ("kernel", "cpu_op", "cuda_runtime", "gpu_memcpy"):
+        if cat == "python_function" and PY_FUNCTION_SCOPE in str(ev.get("name", "")):
+            cat = "py_function"
+        elif cat not in ("kernel", "cpu_op", "cuda_runtime", "gpu_memcpy"):
+            continue
+        if ev.get("ph") != "X":
             continue
         totals[cat][ev["name"]] += float(ev.get("dur", 0.0))
         counts[cat][ev["name"]] += 1

@@ -185,6 +185,40 @@ def test_trace_summary_of_a_real_profiler_trace(tmp_path):
     assert "kernel" not in summary  # a CPU-only trace has no GPU kernels
 
 
+def test_trace_summary_lists_the_speculative_workers_python_functions(tmp_path):
+    """With Python stacks (SGLang records them by default), a trace summary gives the host
+    time of the functions under a ``speculative/`` folder, per function, and no others."""
+    import importlib.util
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    folder = tmp_path / "speculative"
+    folder.mkdir()
+    (folder / "worker_stand_in.py").write_text(
+        "import torch\n\n\ndef accept(a, b):\n    return torch.mm(a, b).relu()\n"
+    )
+    spec = importlib.util.spec_from_file_location("worker_stand_in", folder / "worker_stand_in.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def elsewhere(a):
+        return a.sum()
+
+    a = torch.randn(32, 32)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        for _ in range(3):
+            module.accept(a, a)
+        elsewhere(a)
+    trace = tmp_path / "stacks.trace.json"
+    prof.export_chrome_trace(str(trace))
+    summary = run.summarise_trace(trace, top=50)
+    rows = summary["py_function"]["top"]
+    assert [row["name"].rsplit(": ", 1)[-1] for row in rows] == ["accept"]
+    assert rows[0]["count"] == 3 and rows[0]["total_us"] > 0
+    assert "/speculative/worker_stand_in.py" in rows[0]["name"]
+
+
 def test_trace_summary_says_how_long_the_gpu_waited_between_kernels(tmp_path):
     """The GPU's span and idle time from a trace's kernel events (torch.profiler's Chrome
     format: ``ph`` "X", ``cat`` "kernel", ``ts`` and ``dur`` in microseconds). A CPU-only
