@@ -688,8 +688,13 @@ class FakeReq:
 
 
 class FakeAllocator:
-    def __init__(self):
+    """The KV allocator and pool: slot ``i`` holds the value ``i`` until a move copies
+    another slot's value onto it (every source read before any target is written, as the
+    pool's copy kernel does)."""
+
+    def __init__(self, slots: int = 512):
         self.freed, self.moves = [], []
+        self.kv = torch.arange(slots)
 
     def free(self, slots):
         self.freed.extend(slots.tolist())
@@ -699,6 +704,35 @@ class FakeAllocator:
 
     def move_kv_cache(self, tgt, src):
         self.moves.append((tgt.tolist(), src.tolist()))
+        self.kv[tgt] = self.kv[src].clone()
+
+
+def commit_kernel_case(tree, target, prefix, window) -> str | None:
+    """The v2 commit's Triton kernel (in Triton's interpreter) against its PyTorch path:
+    None when every output is equal, else which differ (or why the kernel did not run)."""
+    from sglang.srt.speculative.ddtree_commit_v2 import _want_triton, commit_round
+
+    if not _want_triton(target, True):
+        return "the kernel would not run (no Triton, or not under its interpreter)"
+    walk = ddtree_tree.verify_walk(tree, target)
+    eager = commit_round(walk, target, prefix, window, use_triton=False)
+    try:
+        fused = commit_round(walk, target, prefix, window, use_triton=True)
+    except Exception as exc:  # the test decides
+        return f"{type(exc).__name__}: {exc}"
+    differ = [
+        name
+        for name in (
+            "out_tokens",
+            "num_correct",
+            "commit_lens",
+            "new_seq_lens",
+            "kv_targets",
+            "kv_sources",
+        )  # fmt: skip
+        if not torch.equal(getattr(eager, name), getattr(fused, name))
+    ]
+    return ", ".join(differ) or None
 
 
 def verify_round(budget: int) -> dict:
@@ -763,20 +797,27 @@ def verify_round(budget: int) -> dict:
                 == expected_tokens[b, : int(commit_lens[b])].tolist()
                 for b in range(bs)
             ),
-            moves=allocator.moves,
-            expected_moves=[
+            moves=len(allocator.moves),
+            # What each window's front holds after the moves (slot ids: where its KV came
+            # from), against the accepted nodes' slots; and every slot a move changed.
+            window_fronts=[
+                allocator.kv[window.view(bs, d)[b, : int(walk.accept_len[b])]].tolist()
+                for b in range(bs)
+            ],
+            expected_fronts=[
+                window.view(bs, d)[b, walk.accepted[b, : int(walk.accept_len[b])]].tolist()
+                for b in range(bs)
+            ],
+            changed_slots=sorted(
+                (allocator.kv != torch.arange(allocator.kv.numel())).nonzero().view(-1).tolist()
+            ),
+            front_slots=sorted(
                 sum(
                     (window.view(bs, d)[b, : int(walk.accept_len[b])].tolist() for b in range(bs)),
                     [],
-                ),
-                sum(
-                    (
-                        window.view(bs, d)[b, walk.accepted[b, : int(walk.accept_len[b])]].tolist()
-                        for b in range(bs)
-                    ),
-                    [],
-                ),
-            ],  # fmt: skip
+                )
+            ),
+            commit_kernel=commit_kernel_case(tree, target, prefix.to(torch.int64), window),
             hidden_ok=all(
                 torch.equal(moved_hidden[b * block + k], hidden[b * d + int(walk.accepted[b, k])])
                 for b in range(bs)

@@ -278,10 +278,13 @@ def tree_verify_inputs(
     """``ddtree_tree.verify_inputs`` for a round: with ``prefix_lens_cpu`` (the same lengths
     on the host, e.g. the batch's ``seq_lens_cpu``) the tree mask is sized without reading
     ``prefix_lens`` back from the GPU, so the host queues the verify while the draft still
-    runs instead of waiting for it. Without them the size costs one host synchronisation."""
+    runs instead of waiting for it. Without them the size costs one host synchronisation.
+    The size is ``ddtree_tree.full_mask_numel``'s ``sum(N * (prefix + N))``, written as
+    ``N * sum(prefix) + b * N * N``: one host reduction instead of four tensor ops."""
     from sglang.srt.speculative import ddtree_tree
 
     mask_numel = None
     if prefix_lens_cpu is not None:
-        mask_numel = int(ddtree_tree.full_mask_numel(tree.num_slots, prefix_lens_cpu))
+        n, b = int(tree.num_slots), int(prefix_lens_cpu.shape[0])
+        mask_numel = n * int(prefix_lens_cpu.sum()) + b * n * n
     return ddtree_tree.verify_inputs(tree, root_tokens, prefix_lens, mask_numel=mask_numel)

@@ -63,6 +63,7 @@ from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
+from sglang.srt.speculative.ddtree_commit_v2 import commit_round
 from sglang.srt.speculative.ddtree_info_v2 import DDTreeVerifyInputV2
 from sglang.srt.speculative.ddtree_round_graphs import (
     DraftRoundGraphs,
@@ -80,7 +81,6 @@ from sglang.srt.speculative.ddtree_utils import (
 )
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.spec_info import ddtree_draft_block_size
-from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 try:  # 0.5.16 on
     from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
@@ -398,10 +398,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     ):
         """Walk each tree with the target's token per node (its argmax, or one sample per
         node at temperature > 0), move the accepted path's KV to the front of its verify
-        window and return what DFlash's accept returns. The walk is ``ddtree_tree``'s (one
-        fused launch on a GPU: path, length, bonus and the rows that compact the path); the
-        rest is a handful of launches, where the spec-v2 round is bound by launches on a
-        small target (docs/validation.md, the fifth and seventeenth GPU runs)."""
+        window and return what DFlash's accept returns. Three launches on a GPU, where the
+        spec-v2 round is bound by launches on a small target (docs/validation.md, the fifth
+        and seventeenth GPU runs): the walk (``ddtree_tree``: path, length, bonus and the
+        rows that compact the path), the commit (``ddtree_commit_v2``: tokens, lengths and
+        the KV moves) and the KV pool's move."""
         tree, batch = self._tree, self._verify_batch
         # d: tree slots per request in the verify; the walk's path is block_size wide (the
         # tree is at most block_size - 1 deep), so it fits the draft block.
@@ -415,26 +416,24 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 )
         target = target_predict.view(bs, d).to(torch.int64)
         walk = ddtree_tree.verify_walk(tree, target)
-        path = ddtree_tree.compaction_indices(walk, d)
-        commit_lens = walk.accept_len.to(torch.int32)
-        num_correct = commit_lens - 1
-        # Tokens this round emits: the target's token at every accepted node (matched
-        # drafts, then the bonus), laid out with stride block_size as the scheduler reads
-        # them (the result's speculative_num_draft_tokens).
-        out_tokens = torch.where(path.keep, target.gather(1, path.src_slots), 0)
-        # KV: copy the accepted nodes' KV (flat rows, -1 after the path) to the front of
-        # each verify window.
-        move_accept_tokens_to_target_kvcache(
-            batch,
-            torch.where(path.keep, path.src_rows, -1).to(torch.int32),
-            num_correct,
-            self.target_worker.model_runner.token_to_kv_pool_allocator,
+        # The tokens this round emits are laid out with stride block_size as the scheduler
+        # reads them (the result's speculative_num_draft_tokens); the KV moves' targets
+        # lead each request's verify window (batch.out_cache_loc), as in SGLang's own
+        # move_accept_tokens_to_target_kvcache.
+        commit = commit_round(walk, target, prefix_lens, batch.out_cache_loc)
+        self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache().move_kv_cache(
+            commit.kv_targets, commit.kv_sources
         )
         # Hidden rows for the draft KV ([bs, block_size] rows out of the [bs, d] verify):
         # the accepted path first, the window's own rows after it (never committed).
-        self._accept_rows = path.src_rows.reshape(-1)
-        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
-        return num_correct, commit_lens, walk.bonus, out_tokens, new_seq_lens
+        self._accept_rows = ddtree_tree.compaction_indices(walk, d).src_rows.reshape(-1)
+        return (
+            commit.num_correct,
+            commit.commit_lens,
+            walk.bonus,
+            commit.out_tokens,
+            commit.new_seq_lens,
+        )
 
     def _committed_target_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         rows, self._accept_rows = self._accept_rows, None

@@ -1,0 +1,143 @@
+"""What a DDTREE v2 round commits, from the tree walk, in one launch.
+
+After ``ddtree_tree.verify_walk`` (the accepted path, its length, the bonus token and the
+rows that compact the path to the front of the verify window), the round hands the scheduler
+the tokens it emits, the committed lengths and the new sequence lengths, and moves the
+accepted nodes' KV to the front of each request's verify window. Written with PyTorch that is
+about ten small launches plus SGLang's ``move_accept_tokens_to_target_kvcache`` (two
+zero-fills, two additions and three Triton launches) on a path where the spec-v2 round is
+bound by the host's launches on a small target (docs/validation.md, the seventeenth and
+eighteenth GPU runs). ``commit_round`` computes all of it, the KV moves' source and target
+slots included, in one Triton launch on a GPU; the worker then hands the moves to the KV
+pool's own ``move_kv_cache`` (one launch).
+
+The KV moves are SGLang's own (0.5.23's reading, which earlier releases agree with): the
+targets are the first ``accept_len`` slots of each request's verify window
+(``batch.out_cache_loc``), the sources the window's slots of the accepted nodes, in path
+order. A move's source slot is never before its target (the path's slots increase with the
+depth), so the pool's copy kernel, which reads every source of a launch before it writes,
+and its chunks in order leave the right KV. Rows past ``accept_len`` move slot 0 (the pool's
+padding slot) onto itself, as SGLang's zero-filled tails do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from sglang.srt.speculative import ddtree_tree
+
+
+@dataclass
+class RoundCommit:
+    """A round's outcome, ``W`` = the walk's width (the draft block: the tree is at most
+    ``block_size - 1`` deep).
+
+    Attributes:
+        out_tokens: int64 ``[b, W]``: the target's token at every accepted node (the matched
+            drafts, then the bonus), 0 after ``accept_len``.
+        num_correct: int32 ``[b]``, matched drafts (``accept_len - 1``).
+        commit_lens: int32 ``[b]``, tokens committed (``accept_len``).
+        new_seq_lens: ``[b]``, ``prefix_lens + accept_len`` in ``prefix_lens``' dtype.
+        kv_targets: int64 ``[b * W]``, the KV slots the accepted path moves to (0 after it).
+        kv_sources: int64 ``[b * W]``, the slots it moves from (0 after it).
+    """
+
+    out_tokens: torch.Tensor
+    num_correct: torch.Tensor
+    commit_lens: torch.Tensor
+    new_seq_lens: torch.Tensor
+    kv_targets: torch.Tensor
+    kv_sources: torch.Tensor
+
+
+def commit_round(
+    walk: ddtree_tree.WalkResult,
+    target: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    window_locs: torch.Tensor,
+    *,
+    use_triton: bool | None = None,
+) -> RoundCommit:
+    """The round's commit from ``walk`` (``ddtree_tree.verify_walk`` over ``target``, the
+    target's int64 token per node ``[b, N]``), the committed ``prefix_lens [b]`` and the
+    verify window's KV slots ``window_locs [b * N]``. ``use_triton``: None (on CUDA
+    tensors), True (also on the CPU under Triton's interpreter: tests) or False."""
+    b, n = target.shape
+    comp = ddtree_tree.compaction_indices(walk, n)
+    width = comp.src_slots.shape[1]
+    if _want_triton(target, use_triton):
+        return _triton_commit(walk, comp, target, prefix_lens, window_locs)
+    keep = comp.keep
+    locs = window_locs.view(b, n)
+    commit_lens = walk.accept_len.to(torch.int32)
+    return RoundCommit(
+        out_tokens=torch.where(keep, target.gather(1, comp.src_slots), 0),
+        num_correct=commit_lens - 1,
+        commit_lens=commit_lens,
+        new_seq_lens=prefix_lens + walk.accept_len.to(prefix_lens.dtype),
+        kv_targets=torch.where(keep, locs[:, :width], 0).reshape(-1),
+        kv_sources=torch.where(keep, locs.gather(1, comp.src_slots), 0).reshape(-1),
+    )
+
+
+def _want_triton(x: torch.Tensor, use_triton: bool | None) -> bool:
+    if use_triton is False:
+        return False
+    if x.is_cuda:
+        return ddtree_tree._triton_importable()
+    return bool(use_triton) and ddtree_tree._interpreting() and ddtree_tree._triton_importable()
+
+
+def _triton_commit(walk, comp, target, prefix_lens, window_locs) -> RoundCommit:
+    b, n = target.shape
+    width = comp.src_slots.shape[1]
+    dev = target.device
+    out = RoundCommit(
+        out_tokens=torch.empty((b, width), dtype=torch.int64, device=dev),
+        num_correct=torch.empty((b,), dtype=torch.int32, device=dev),
+        commit_lens=torch.empty((b,), dtype=torch.int32, device=dev),
+        new_seq_lens=torch.empty_like(prefix_lens),
+        kv_targets=torch.empty((b * width,), dtype=torch.int64, device=dev),
+        kv_sources=torch.empty((b * width,), dtype=torch.int64, device=dev),
+    )
+    _kernel()[(b,)](
+        walk.accept_len, comp.src_slots, target, prefix_lens, window_locs, n, width,
+        out.out_tokens, out.num_correct, out.commit_lens, out.new_seq_lens,
+        out.kv_targets, out.kv_sources, WP=ddtree_tree._pow2(width),
+    )  # fmt: skip
+    return out
+
+
+@lru_cache(maxsize=1)
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def commit(
+        accept_len, src_slots, target, prefix_lens, window_locs, n, width,
+        out_tokens, num_correct, commit_lens, new_seq_lens, kv_targets, kv_sources,
+        WP: tl.constexpr,
+    ):  # fmt: skip
+        req = tl.program_id(0)
+        k = tl.arange(0, WP)
+        inside = k < width
+        alen = tl.load(accept_len + req)
+        keep = inside & (k < alen)
+        slot = tl.load(src_slots + req * width + k, mask=inside, other=0)
+        tok = tl.load(target + req * n + slot, mask=keep, other=0)
+        at = req * width + k
+        tl.store(out_tokens + at, tok, mask=inside)
+        tgt = tl.load(window_locs + req * n + k, mask=keep, other=0)
+        src = tl.load(window_locs + req * n + slot, mask=keep, other=0)
+        tl.store(kv_targets + at, tgt.to(tl.int64), mask=inside)
+        tl.store(kv_sources + at, src.to(tl.int64), mask=inside)
+        tl.store(num_correct + req, (alen - 1).to(tl.int32))
+        tl.store(commit_lens + req, alen.to(tl.int32))
+        prefix = tl.load(prefix_lens + req)
+        tl.store(new_seq_lens + req, prefix + alen.to(prefix.dtype))
+
+    return commit
