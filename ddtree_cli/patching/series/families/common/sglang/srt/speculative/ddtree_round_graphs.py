@@ -15,13 +15,14 @@ whatever they held (requests are independent in the head and the tree), and the 
 are the graph's own buffers cut to ``bs`` rows, valid until the next replay of the same
 graph (the next round). Anything it has no graph for runs eagerly, as before.
 
-On by default in the spec-v1 worker (0.5.13), off by default in the v2 workers
-(``SGLANG_DDTREE_ROUND_GRAPHS`` 0 or 1 overrides either, ``round_graphs_requested``); one
-rank only (the head's tensor-parallel merge is a collective, not captured here). On the H200
-(0.5.13, spec v1, docs/performance.md) the replayed rounds matched the eager ones, the
-build's host time fell from 1.0-1.1 ms to 0.4-0.5 ms p50, and two maps of the 8B-cost pair
-at concurrency 1-32 with graph servers had DDTREE at budget 15 and ``auto`` at or above
-DFLASH everywhere; the v2 workers' use of them has not been run on a GPU.
+On by default in both layouts' workers (``SGLANG_DDTREE_ROUND_GRAPHS`` 0 or 1 overrides
+the default, ``round_graphs_requested``); one rank only (the head's tensor-parallel merge is
+a collective, not captured here). On the H200 (0.5.13, spec v1, docs/performance.md) the
+replayed rounds matched the eager ones, the build's host time fell from 1.0-1.1 ms to
+0.4-0.5 ms p50, and two maps of the 8B-cost pair at concurrency 1-32 with graph servers had
+DDTREE at budget 15 and ``auto`` at or above DFLASH everywhere. On an H100 (0.5.17, spec v2,
+docs/validation.md, the seventeenth run) every round replayed and budget 15 went from 0.79x
+to 0.88x DFLASH at concurrency 1 on the trained pair.
 
 ``warm_rounds`` is the start-up warm-up both workers run before serving, graphs or not: the
 round's eager part once per budget and batch size, so that its Triton kernels compile
@@ -50,9 +51,8 @@ OFF = ("0", "false", "no", "off")
 
 def round_graphs_requested(default: bool = False) -> bool:
     """Whether to capture the round graphs: ``SGLANG_DDTREE_ROUND_GRAPHS`` on (1, true, yes,
-    on) or off (0, false, no, off); unset or empty, ``default``, the layout's (on in the
-    spec-v1 worker, run on the H200; off in the v2 workers until they are). Anything else
-    keeps the default, with a warning."""
+    on) or off (0, false, no, off); unset or empty, ``default`` (the worker's; both
+    layouts' are on). Anything else keeps the default, with a warning."""
     value = os.environ.get(ENV, "").strip().lower()
     if value in ON:
         return True
