@@ -14,7 +14,14 @@ compaction indices. Measured side by side in one run:
 
 Before timing, every configuration checks the Triton path against the PyTorch path (same
 node scores, same tree up to equal-score ties, same verify arrays and walk on the same tree)
-and both against the reference heap's tree value. Times are medians of CUDA-event timings.
+and both against the reference heap's tree value; after timing, the Triton graph's last
+replay against an eager round (``triton_graph_checked``: a race between the kernels would
+show there). Times are medians of CUDA-event timings.
+
+``--baseline FILE`` (a copy of an earlier ``draft_tree.py``, e.g. from ``git show``) runs
+that version's Triton round on the same inputs: its outputs must equal this one's
+(``baseline_same_outputs``) and the two graphs are timed in turns (``baseline_graph_us``,
+``triton_graph_paired_us``), so one call compares them on one GPU.
 
 Usage: python benchmarks/draft_tree_gpu.py [--batches 1,8,32,64] [--budgets 16,...] [--json F]
 """
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import importlib.util
 import json
 import math
 import statistics
@@ -106,15 +114,26 @@ def reference_round(logits, budget, roots, prefix, target):
 # ----------------------------------------------------------------------- the new round
 
 
-def make_round(logits, budget, roots, prefix, target, mask_numel, use_triton):
+def make_round(logits, budget, roots, prefix, target, mask_numel, use_triton, module=dt):
+    """One round of ``module`` (``draft_tree``, or a copy of an earlier one: ``--baseline``)."""
+
     def run():
-        tree = dt.build_tree(logits, budget, use_triton=use_triton)
-        vi = dt.verify_inputs(tree, roots, prefix, mask_numel=mask_numel, use_triton=use_triton)
-        walk = dt.verify_walk(tree, target, use_triton=use_triton)
-        comp = dt.compaction_indices(walk, budget + 1)
+        tree = module.build_tree(logits, budget, use_triton=use_triton)
+        vi = module.verify_inputs(tree, roots, prefix, mask_numel=mask_numel, use_triton=use_triton)
+        walk = module.verify_walk(tree, target, use_triton=use_triton)
+        comp = module.compaction_indices(walk, budget + 1)
         return tree, vi, walk, comp
 
     return run
+
+
+def load_baseline(path: Path):
+    """A copy of an earlier ``draft_tree.py`` as a module of its own (``--baseline``)."""
+    spec = importlib.util.spec_from_file_location("draft_tree_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def time_eager(fn, iters: int) -> float:
@@ -131,7 +150,9 @@ def time_eager(fn, iters: int) -> float:
     return statistics.median(times)
 
 
-def time_graph(fn, iters: int) -> float:
+def capture(fn):
+    """A CUDA graph of ``fn`` (after three warm-up calls) and the graph's output tensors,
+    which hold the last replay's results."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -140,9 +161,13 @@ def time_graph(fn, iters: int) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        out = fn()
     for _ in range(3):
         graph.replay()
+    return graph, out
+
+
+def replay_times(graph, iters: int) -> list[float]:
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -151,7 +176,27 @@ def time_graph(fn, iters: int) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
+    return times
+
+
+def time_graph(fn, iters: int, outputs: list | None = None) -> float:
+    """Median replay time of a CUDA graph of ``fn``; ``outputs`` (a list) receives the
+    graph's output tensors."""
+    graph, out = capture(fn)
+    if outputs is not None:
+        outputs.append(out)
+    return statistics.median(replay_times(graph, iters))
+
+
+def time_graph_pair(fn_a, fn_b, iters: int, rounds: int = 4) -> tuple[float, float]:
+    """Median replay times of two graphs timed in turns (``rounds`` blocks of each), so
+    that drift of the GPU's clocks falls on both alike."""
+    (graph_a, _), (graph_b, _) = capture(fn_a), capture(fn_b)
+    times_a, times_b = [], []
+    for _ in range(rounds):
+        times_a += replay_times(graph_a, max(1, iters // rounds))
+        times_b += replay_times(graph_b, max(1, iters // rounds))
+    return statistics.median(times_a), statistics.median(times_b)
 
 
 def time_reference(logits, budget, roots, prefix, target, iters: int) -> float:
@@ -218,6 +263,23 @@ def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel
     cp = dt.compaction_indices(wp, budget + 1)
     for name in ("src_slots", "src_rows", "keep"):
         assert torch.equal(getattr(ct, name), getattr(cp, name)), name
+
+
+def round_differences(got, want) -> list[str]:
+    """The fields in which two rounds' outputs (``make_round``) differ."""
+    names = {
+        "tree": ("tokens", "parents", "depths", "visibility", "num_nodes", "scores"),
+        "verify": ("input_ids", "positions", "tree_mask", "mask_indptr", "retrieve_index",
+                   "retrieve_next_token", "retrieve_next_sibling"),
+        "walk": ("accepted", "accept_len", "bonus"),
+        "compaction": ("src_slots", "src_rows", "keep"),
+    }  # fmt: skip
+    return [
+        f"{part}.{name}"
+        for (part, fields), x, y in zip(names.items(), got, want, strict=True)
+        for name in fields
+        if not torch.equal(getattr(x, name), getattr(y, name))
+    ]
 
 
 def check_tree(lp, ids, budget, floors=(1, 0)) -> None:
@@ -317,6 +379,13 @@ def main() -> int:
     ap.add_argument("--ref-iters", type=int, default=5)
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        help="a copy of an earlier draft_tree.py: its Triton round runs on the same inputs,"
+        " its outputs are compared with this one's and both graphs are timed in turns"
+        " (baseline_graph_us, triton_graph_paired_us)",
+    )
     ap.add_argument("--breakdown", action="store_true", help="then time each stage alone (graph)")
     ap.add_argument("--breakdown-batches", default="1,32")
     ap.add_argument("--breakdown-budgets", default="16,64,256")
@@ -324,8 +393,9 @@ def main() -> int:
     ap.add_argument(
         "--tune",
         action="store_true",
-        help="first pick the kernels' warp divisors and the tree kernel's switches (tree_rise,"
-        " tree_narrow) at batch 1 and 32, budget 64 (graph), on the --logits kind",
+        help="first pick the kernels' warp divisors and switches (tree_rise, tree_narrow,"
+        " tree_tile, tree_rank: the tree stage; pdl: the whole round) at batch 1 and 32,"
+        " budget 64 (graph), on the --logits kind",
     )
     ap.add_argument(
         "--tune-keys",
@@ -340,6 +410,7 @@ def main() -> int:
         return 2
     dev = torch.device("cuda")
     gen = torch.Generator(device="cpu").manual_seed(0)
+    baseline = load_baseline(args.baseline) if args.baseline else None
     triton_ok = not args.no_triton and dt._triton_importable()
     rows = []
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton={triton_ok}")
@@ -371,16 +442,34 @@ def main() -> int:
             row["reference_us"] = time_reference(
                 logits, budget, roots, prefix, target, args.ref_iters
             )
-            timings = [("torch_eager_us", time_eager, torch_round, args.iters // 2)]
-            timings.append(("torch_graph_us", time_graph, torch_round, args.iters))
+            replayed: list = []
+            timings = [("torch_eager_us", time_eager, torch_round, args.iters // 2, None)]
+            timings.append(("torch_graph_us", time_graph, torch_round, args.iters, None))
             if triton_ok:
-                timings.append(("triton_eager_us", time_eager, triton_round, args.iters // 2))
-                timings.append(("triton_graph_us", time_graph, triton_round, args.iters))
-            for key, timer, fn, iters in timings:
+                timings.append(("triton_eager_us", time_eager, triton_round, args.iters // 2, None))
+                timings.append(("triton_graph_us", time_graph, triton_round, args.iters, replayed))
+            for key, timer, fn, iters, outputs in timings:
                 try:
-                    row[key] = timer(fn, iters)
+                    row[key] = timer(fn, iters, *([outputs] if outputs is not None else []))
                 except Exception as exc:  # one failing mode must not lose the others
                     row[key.replace("_us", "_error")] = repr(exc)[:300]
+            if replayed:
+                # What the timed graph computed in its last replay, against an eager round:
+                # the kernels are deterministic, so any difference is a race between them.
+                torch.cuda.synchronize()
+                diff = round_differences(replayed[0], triton_round())
+                row["triton_graph_checked"] = True if not diff else f"MISMATCH: {diff}"
+            if triton_ok and baseline is not None:
+                base_round = make_round(
+                    logits, budget, roots, prefix, target, mask_numel, True, baseline
+                )
+                try:
+                    diff = round_differences(base_round(), triton_round())
+                    row["baseline_same_outputs"] = True if not diff else f"DIFFERENT: {diff}"
+                    pair = time_graph_pair(triton_round, base_round, args.iters)
+                    row["triton_graph_paired_us"], row["baseline_graph_us"] = pair
+                except Exception as exc:
+                    row["baseline_error"] = repr(exc)[:300]
             target_us = TARGETS_US.get((b, budget))
             best = row.get("triton_graph_us", row.get("torch_graph_us", float("inf")))
             row["target_us"] = target_us
@@ -430,6 +519,8 @@ def tune(args, dev, gen) -> None:
         ("tree_div",): (128, 256, 512, 1024),
         ("row_div",): (64, 32, 128),
         ("tree_rise", "tree_narrow"): ((0, 0), (1, 0), (0, 1), (1, 1)),
+        ("tree_tile", "tree_rank"): ((0, 0), (1, 0), (0, 1), (1, 1)),
+        ("pdl",): (0, 1),  # timed on the whole round: it acts between the kernels
     }
     cells = []
     for b in (1, 32):
@@ -439,6 +530,8 @@ def tune(args, dev, gen) -> None:
         logits, budget, lp, ids, tree, roots, prefix, numel, target = cell
         if key == "select_div":
             return [lambda: dt._triton_topk_logprobs(logits, budget)]
+        if key == "pdl":
+            return [make_round(logits, budget, roots, prefix, target, numel, True)]
         if key.startswith("tree_"):
             return [lambda: dt.build_tree_from_topk(lp, ids, budget, use_triton=True)]
         return [
@@ -514,12 +607,14 @@ def print_table(rows) -> None:
         "torch_graph_us",
         "triton_eager_us",
         "triton_graph_us",
+        "triton_graph_paired_us",
+        "baseline_graph_us",
     ]
     cols = [c for c in cols if any(c in r for r in rows)]
     print("| batch | budget | " + " | ".join(c.removesuffix("_us") + " (µs)" for c in cols) + " |")
     print("|---|---|" + "---|" * len(cols))
     for r in rows:
-        cells = [f"{r[c]:.0f}" if c in r else "-" for c in cols]
+        cells = [f"{r[c]:.1f}" if c in r else "-" for c in cols]
         print(f"| {r['batch']} | {r['budget']} | " + " | ".join(cells) + " |")
 
 

@@ -695,6 +695,12 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 # depth BP lanes wide instead of CP when its candidates at or above the floor fit there.
 # Both need the floor, and --tune times both settings; on by default since the H200 run
 # (docs/performance.md): best or within 1 us of the best setting on every kind of row.
+# Three more, exact as well and off by default until a GPU run has timed them (--tune does):
+# `tree_tile` loads a request's log-probs into registers once, so the tree kernel's depth
+# loop reads no memory (a rank-0 shortcut depth no longer waits for a load); `tree_rank`
+# sorts a narrow depth's BP lanes by counting (two BP x BP comparisons) instead of a
+# bitonic network; `pdl` launches every kernel with programmatic dependent launch (Hopper
+# and later), so its start overlaps the previous kernel's end.
 _TUNING: dict[str, int] = {
     "tree_div": 128,
     "select_div": 512,
@@ -702,11 +708,37 @@ _TUNING: dict[str, int] = {
     "tree_exit": 1,
     "tree_rise": 1,
     "tree_narrow": 1,
+    "tree_tile": 0,
+    "tree_rank": 0,
+    "pdl": 0,
 }
 
 
 def _warps(widest: int, divisor: int, most: int = 8) -> int:
     return max(1, min(most, widest // divisor))
+
+
+def _pdl(device: torch.device) -> dict:
+    """Launch arguments for programmatic dependent launch (``_TUNING["pdl"]``): each kernel
+    may be launched while the previous one on the stream still runs, and waits for it to
+    finish before touching memory, so it can only hide launch latency (also between the
+    nodes of a CUDA graph), never change a result. NVIDIA GPUs of compute capability 9+
+    with a Triton that knows ``launch_pdl``; elsewhere the launches are plain."""
+    on = bool(_TUNING["pdl"]) and not _interpreting() and _pdl_capable(device)
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+@lru_cache(maxsize=16)
+def _pdl_capable(device: torch.device) -> bool:
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    if "launch_pdl" not in getattr(CUDAOptions, "__dataclass_fields__", {}):
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _want_triton(x: Tensor, use_triton: bool | None) -> bool:
@@ -763,15 +795,31 @@ def _kernels():
         u = tl.where(ordv >= 0x80000000, ordv - 0x80000000, 0xFFFFFFFF - ordv)
         return u.to(tl.uint32).to(tl.float32, bitcast=True)
 
-    globals().update(_tt_pack=_tt_pack, _tt_index=_tt_index, _tt_value=_tt_value)
+    @triton.jit
+    def _tt_pdl_start():
+        # Programmatic dependent launch: wait until the previous kernel on the stream has
+        # finished and its writes are visible (before any load or store, so buffers the
+        # caching allocator reused are safe too), then let the next kernel's programs start
+        # and wait in their turn. Launched this way the kernels' start-up overlaps the
+        # previous kernel's end; without it the instructions do nothing.
+        tl.inline_asm_elementwise(
+            "griddepcontrol.wait; griddepcontrol.launch_dependents; // $0",
+            "=r", [], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+
+    globals().update(
+        _tt_pack=_tt_pack, _tt_index=_tt_index, _tt_value=_tt_value, _tt_pdl_start=_tt_pdl_start
+    )
 
     @triton.jit
     def vocab_stats(
         logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
-        CH: tl.constexpr, CPG: tl.constexpr, GPP: tl.constexpr,
+        CH: tl.constexpr, CPG: tl.constexpr, GPP: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         # The one full read of the logits: the maximum of every CH-wide chunk and of every
         # group of CPG chunks, and a partial log-sum-exp per program.
+        if PDL:
+            _tt_pdl_start()
         row = tl.program_id(0)
         p = tl.program_id(1)
         g = p * GPP + tl.arange(0, GPP)
@@ -827,18 +875,32 @@ def _kernels():
         top = tl.topk(_tt_pack(score, pk), KP)
         return _tt_value(top), top
 
-    globals().update(_tt_select=_tt_select)
+    @triton.jit
+    def _tt_rank_sort(keys, N: tl.constexpr):
+        # `keys` (N of them, distinct, or -1 = none) sorted descending without a sorting
+        # network: each key's place is the number of larger keys (one N x N comparison), and
+        # place p takes the key whose place is p (a second one). The -1s are told apart by
+        # their lane first (below every real key), so the places are a permutation.
+        lane = tl.arange(0, N)
+        u = tl.where(keys >= 0, keys, -1 - lane.to(tl.int64))
+        place = tl.sum((u[None, :] > u[:, None]).to(tl.int32), 1)
+        out = tl.max(tl.where(place[:, None] == lane[None, :], u[:, None], -1), 0)
+        return tl.where(out >= 0, out, -1)
+
+    globals().update(_tt_select=_tt_select, _tt_rank_sort=_tt_rank_sort)
 
     @triton.jit
     def vocab_select(
         logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
         lp_out, ids_out, k, floor, scratch,
         CH: tl.constexpr, CPG: tl.constexpr, GP: tl.constexpr, KP: tl.constexpr,
-        PP: tl.constexpr, CAP: tl.constexpr,
+        PP: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         # Exact top KP of a row in three narrowing steps. The KP blocks with the largest
         # maxima hold KP elements >= the KP-th largest maximum and every element above it, so
         # the top KP of their union has the row's top-KP values. Groups -> chunks -> logits.
+        if PDL:
+            _tt_pdl_start()
         row = tl.program_id(0)
         pp = tl.arange(0, PP)
         pm = tl.load(pmax + row * n_prog + pp, mask=pp < n_prog, other=float("-inf"))
@@ -875,7 +937,10 @@ def _kernels():
         n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
         LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
         D1: tl.constexpr, BOUND: tl.constexpr, RISE: tl.constexpr, NARROW: tl.constexpr,
+        TILE: tl.constexpr, RANK: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
+        if PDL:
+            _tt_pdl_start()
         req = tl.program_id(0)
         n: tl.constexpr = budget + 1
         # Zero this request's visibility block first; the stores drain during the selection.
@@ -898,7 +963,21 @@ def _kernels():
         pk = tl.load(cand + c, mask=cm, other=0)  # (parent position << 16) | rank
         ci = pk >> 16
         cr = pk & 0xFFFF
-        logp = tl.load(lp_r + D1 * k + cr, mask=cm, other=float("-inf"))
+        if TILE:
+            # All of the request's log-probs (k <= budget <= BP ranks by L positions) in
+            # registers, loaded once: the depth loop then reads no memory, and each depth's
+            # row (by rank) is one reduction over the positions (a max over one value and
+            # -inf: the value itself, bit for bit).
+            tp = tl.arange(0, LP)
+            tile = tl.load(
+                lp_r + tp[:, None] * k + j[None, :],
+                mask=(tp[:, None] < n_pos) & (j[None, :] < k),
+                other=float("-inf"),
+            )
+            y0s = tl.max(tl.where(j[None, :] == 0, tile, float("-inf")), 1)
+            y1s = tl.max(tl.where(j[None, :] == 1, tile, float("-inf")), 1)
+        else:
+            logp = tl.load(lp_r + D1 * k + cr, mask=cm, other=float("-inf"))
         if BOUND:
             # A floor under the final tree's scores, from chains: root child j followed by
             # rank 0 at each later position. The chains of root children 0..j cut at depths
@@ -931,24 +1010,31 @@ def _kernels():
         # Parent 0 of each depth is the best node of the depth above (the rank-0 chain), and
         # y0 / y1 are the position's two best log-probs, fetched a depth ahead.
         s0 = tl.load(lp_r)
-        y0 = tl.load(lp_r + D1 * k)
-        y1 = tl.load(lp_r + D1 * k + 1, mask=k > 1, other=float("-inf"))
-        if NARROW:
-            # Position d's log-probs by rank (the narrow selection's columns), a depth ahead.
-            row = tl.load(lp_r + D1 * k + j, mask=j < k, other=float("-inf"))
+        if not TILE:
+            y0 = tl.load(lp_r + D1 * k)
+            y1 = tl.load(lp_r + D1 * k + 1, mask=k > 1, other=float("-inf"))
+            if NARROW:
+                # Position d's log-probs by rank (the narrow selection's columns), a depth
+                # ahead.
+                row = tl.load(lp_r + D1 * k + j, mask=j < k, other=float("-inf"))
         if RISE:
             # Scores of distinct paths seen so far (A_1, then each sorted depth's A_d),
             # descending: its first `budget` lanes are the best `budget` of them.
             run = a
             rev = BP - 1 - j
         for d in range(1, d_end):
-            # Prefetch the next depth's log-probs: they do not depend on this depth's result.
-            dn = tl.minimum(d + 1, n_pos - 1)
-            nxt = tl.load(lp_r + dn * k + cr, mask=cm, other=float("-inf"))
-            y0n = tl.load(lp_r + dn * k)
-            y1n = tl.load(lp_r + dn * k + 1, mask=k > 1, other=float("-inf"))
-            if NARROW:
-                row_n = tl.load(lp_r + dn * k + j, mask=j < k, other=float("-inf"))
+            if TILE:
+                y0 = tl.max(tl.where(tp == d, y0s, float("-inf")), 0)
+                y1 = tl.max(tl.where(tp == d, y1s, float("-inf")), 0)
+            else:
+                # Prefetch the next depth's log-probs: they do not depend on this depth's
+                # result.
+                dn = tl.minimum(d + 1, n_pos - 1)
+                nxt = tl.load(lp_r + dn * k + cr, mask=cm, other=float("-inf"))
+                y0n = tl.load(lp_r + dn * k)
+                y1n = tl.load(lp_r + dn * k + 1, mask=k > 1, other=float("-inf"))
+                if NARROW:
+                    row_n = tl.load(lp_r + dn * k + j, mask=j < k, other=float("-inf"))
             if s0 + y1 < bound:
                 # Not even the best parent's second child reaches the bound: only rank-0
                 # children can enter the tree, and they keep their parents' order (the
@@ -960,6 +1046,9 @@ def _kernels():
                 tl.store(s_r + d * budget + j, a, mask=jm)
                 tl.store(c_r + d * budget + j, j << 16, mask=jm)
             else:
+                if TILE:
+                    row = tl.max(tl.where(tp[:, None] == d, tile, float("-inf")), 0)
+                    logp = tl.gather(row, cr, 0)
                 if NARROW:
                     # Only candidates at or above the bound ("kept") can matter: an entry of
                     # A_d below it can never enter the tree, nor can its descendants (a
@@ -987,7 +1076,11 @@ def _kernels():
                         g_score = tl.gather(a, gi, 0) + tl.gather(row, gr, 0)
                         g_ok = (j < n_par * n_rank) & ((gi + 1) * (gr + 2) <= budget) & (gr < k)
                         g_ok = g_ok & (g_score >= bound)
-                        top = tl.topk(tl.where(g_ok, _tt_pack(g_score, (gi << 16) | gr), -1), BP)
+                        g_key = tl.where(g_ok, _tt_pack(g_score, (gi << 16) | gr), -1)
+                        if RANK:  # noqa: SIM108 - a constexpr branch
+                            top = _tt_rank_sort(g_key, BP)
+                        else:
+                            top = tl.topk(g_key, BP)
                         a = tl.where(top >= 0, _tt_value(top), float("-inf"))
                     else:
                         a, top = _tt_select(a, ci, logp, pk, cm, BP)
@@ -1010,11 +1103,12 @@ def _kernels():
                     run_kth = tl.min(tl.where(jm, run, float("inf")), 0)
                     bound = tl.maximum(bound, run_kth)
             s0 = s0 + y0
-            y0 = y0n
-            y1 = y1n
-            logp = nxt
-            if NARROW:
-                row = row_n
+            if not TILE:
+                y0 = y0n
+                y1 = y1n
+                logp = nxt
+                if NARROW:
+                    row = row_n
         tl.debug_barrier()
         # The global top `budget` over all depths, ties by (depth, position).
         f = tl.arange(0, LBP)
@@ -1075,8 +1169,10 @@ def _kernels():
     def verify(
         parents, depths, tokens, num_nodes, vis, roots, prefix, batch, n, numel,
         input_ids, positions, mask, indptr, next_token, next_sibling, retrieve_index,
-        NP: tl.constexpr, BBP: tl.constexpr, MB: tl.constexpr,
+        NP: tl.constexpr, BBP: tl.constexpr, MB: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
+        if PDL:
+            _tt_pdl_start()
         req = tl.program_id(0)
         q = tl.program_id(1)
         cols = tl.arange(0, NP)
@@ -1125,7 +1221,10 @@ def _kernels():
         parents, depths, tokens, num_nodes, target, n,
         accepted, accept_len, bonus, src_slots, src_rows, keep,
         n_pos: tl.constexpr, NP: tl.constexpr, LP1: tl.constexpr, STEPS: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
+        if PDL:
+            _tt_pdl_start()
         req = tl.program_id(0)
         cols = tl.arange(0, NP)
         colm = cols < n
@@ -1201,14 +1300,14 @@ def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]
     kern = _kernels()
     kern["vocab_stats"][(rows, n_prog)](
         x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
-        CH=_CH, CPG=_CPG, GPP=_GPP, num_warps=8,
+        CH=_CH, CPG=_CPG, GPP=_GPP, num_warps=8, **_pdl(dev),
     )  # fmt: skip
     warps = _warps(kp * max(_CH, _CPG), _TUNING["select_div"])
     kern["vocab_select"][(rows,)](
         x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
         lp, ids, k, LOGPROB_FLOOR, scratch,
         CH=_CH, CPG=_CPG, GP=max(_pow2(n_groups), kp), KP=kp, PP=_pow2(n_prog), CAP=2 * kp,
-        num_warps=warps,
+        num_warps=warps, **_pdl(dev),
     )  # fmt: skip
     return lp, ids
 
@@ -1251,7 +1350,9 @@ def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
         n_pos=n_pos, budget=budget, BP=bp, CP=cp, LBP=lbp, LP=_pow2(n_pos),
         NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), BOUND=bool(_TUNING["tree_exit"]),
         RISE=bool(_TUNING["tree_exit"] and _TUNING["tree_rise"]),
-        NARROW=bool(_TUNING["tree_exit"] and _TUNING["tree_narrow"]), num_warps=warps,
+        NARROW=bool(_TUNING["tree_exit"] and _TUNING["tree_narrow"]),
+        TILE=bool(_TUNING["tree_tile"]), RANK=bool(_TUNING["tree_rank"]), num_warps=warps,
+        **_pdl(dev),
     )  # fmt: skip
     return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)
 
@@ -1295,6 +1396,7 @@ def _triton_verify_inputs(
         mask.view(torch.uint8), indptr,
         out["next_token"], out["next_sibling"], out["retrieve_index"],
         NP=_pow2(n), BBP=max(128, _pow2(b + 1)), MB=1024, num_warps=_row_warps(n),
+        **_pdl(dev),
     )  # fmt: skip
     return VerifyInputs(
         input_ids=out["input_ids"],
@@ -1322,7 +1424,7 @@ def _triton_verify_walk(tree: DraftTree, target_tokens: Tensor) -> WalkResult:
         *_dense(tree.parents, tree.depths, tree.tokens, tree.num_nodes), target, n,
         accepted, accept_len, bonus, src_slots, src_rows, keep.view(torch.uint8),
         n_pos=tree.depth_limit, NP=_pow2(n), LP1=_pow2(width),
-        STEPS=_jump_steps(tree.depth_limit), num_warps=_row_warps(n),
+        STEPS=_jump_steps(tree.depth_limit), num_warps=_row_warps(n), **_pdl(dev),
     )  # fmt: skip
     comp = CompactionIndices(src_slots=src_slots, src_rows=src_rows, keep=keep)
     return WalkResult(accepted, accept_len, bonus, _compaction=(n, comp))
