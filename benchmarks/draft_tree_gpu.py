@@ -32,6 +32,7 @@ Usage: python benchmarks/draft_tree_gpu.py [--batches 1,8,32,64] [--budgets 16,.
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import importlib.util
 import json
@@ -442,15 +443,16 @@ def main() -> int:
             row["reference_us"] = time_reference(
                 logits, budget, roots, prefix, target, args.ref_iters
             )
-            replayed: list = []
-            timings = [("torch_eager_us", time_eager, torch_round, args.iters // 2, None)]
-            timings.append(("torch_graph_us", time_graph, torch_round, args.iters, None))
+            replayed: list = []  # the timed Triton graph's outputs
+            timings = [("torch_eager_us", time_eager, torch_round, args.iters // 2)]
+            timings.append(("torch_graph_us", time_graph, torch_round, args.iters))
             if triton_ok:
-                timings.append(("triton_eager_us", time_eager, triton_round, args.iters // 2, None))
-                timings.append(("triton_graph_us", time_graph, triton_round, args.iters, replayed))
-            for key, timer, fn, iters, outputs in timings:
+                timings.append(("triton_eager_us", time_eager, triton_round, args.iters // 2))
+                keep = functools.partial(time_graph, outputs=replayed)
+                timings.append(("triton_graph_us", keep, triton_round, args.iters))
+            for key, timer, fn, iters in timings:
                 try:
-                    row[key] = timer(fn, iters, *([outputs] if outputs is not None else []))
+                    row[key] = timer(fn, iters)
                 except Exception as exc:  # one failing mode must not lose the others
                     row[key.replace("_us", "_error")] = repr(exc)[:300]
             if replayed:

@@ -693,7 +693,7 @@ class FakeAllocator:
     pool's copy kernel does)."""
 
     def __init__(self, slots: int = 512):
-        self.freed, self.moves = [], []
+        self.freed, self.moves = [], 0
         self.kv = torch.arange(slots)
 
     def free(self, slots):
@@ -703,16 +703,16 @@ class FakeAllocator:
         return self
 
     def move_kv_cache(self, tgt, src):
-        self.moves.append((tgt.tolist(), src.tolist()))
+        self.moves += 1
         self.kv[tgt] = self.kv[src].clone()
 
 
 def commit_kernel_case(tree, target, prefix, window) -> str | None:
     """The v2 commit's Triton kernel (in Triton's interpreter) against its PyTorch path:
     None when every output is equal, else which differ (or why the kernel did not run)."""
-    from sglang.srt.speculative.ddtree_commit_v2 import _want_triton, commit_round
+    from sglang.srt.speculative.ddtree_commit_v2 import commit_round
 
-    if not _want_triton(target, True):
+    if not ddtree_tree._want_triton(target, True):
         return "the kernel would not run (no Triton, or not under its interpreter)"
     walk = ddtree_tree.verify_walk(tree, target)
     eager = commit_round(walk, target, prefix, window, use_triton=False)
@@ -729,6 +729,7 @@ def commit_kernel_case(tree, target, prefix, window) -> str | None:
             "new_seq_lens",
             "kv_targets",
             "kv_sources",
+            "hidden_rows",
         )  # fmt: skip
         if not torch.equal(getattr(eager, name), getattr(fused, name))
     ]
@@ -797,7 +798,7 @@ def verify_round(budget: int) -> dict:
                 == expected_tokens[b, : int(commit_lens[b])].tolist()
                 for b in range(bs)
             ),
-            moves=len(allocator.moves),
+            moves=allocator.moves,
             # What each window's front holds after the moves (slot ids: where its KV came
             # from), against the accepted nodes' slots; and every slot a move changed.
             window_fronts=[

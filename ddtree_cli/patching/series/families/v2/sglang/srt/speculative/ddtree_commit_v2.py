@@ -43,6 +43,9 @@ class RoundCommit:
         new_seq_lens: ``[b]``, ``prefix_lens + accept_len`` in ``prefix_lens``' dtype.
         kv_targets: int64 ``[b * W]``, the KV slots the accepted path moves to (0 after it).
         kv_sources: int64 ``[b * W]``, the slots it moves from (0 after it).
+        hidden_rows: int64 ``[b * W]``, the verify's flat rows (``request * N + slot``) that
+            feed the draft KV: the accepted path first, the window's own rows after it
+            (``ddtree_tree.compaction_indices``).
     """
 
     out_tokens: torch.Tensor
@@ -51,6 +54,7 @@ class RoundCommit:
     new_seq_lens: torch.Tensor
     kv_targets: torch.Tensor
     kv_sources: torch.Tensor
+    hidden_rows: torch.Tensor
 
 
 def commit_round(
@@ -64,12 +68,13 @@ def commit_round(
     """The round's commit from ``walk`` (``ddtree_tree.verify_walk`` over ``target``, the
     target's int64 token per node ``[b, N]``), the committed ``prefix_lens [b]`` and the
     verify window's KV slots ``window_locs [b * N]``. ``use_triton``: None (on CUDA
-    tensors), True (also on the CPU under Triton's interpreter: tests) or False."""
+    tensors), True (also on the CPU under Triton's interpreter: tests) or False, as for
+    ``ddtree_tree``'s kernels."""
     b, n = target.shape
     comp = ddtree_tree.compaction_indices(walk, n)
     width = comp.src_slots.shape[1]
-    if _want_triton(target, use_triton):
-        return _triton_commit(walk, comp, target, prefix_lens, window_locs)
+    if ddtree_tree._want_triton(target, use_triton):
+        return _triton_commit(walk, comp, target, prefix_lens, window_locs, b, n, width)
     keep = comp.keep
     locs = window_locs.view(b, n)
     commit_lens = walk.accept_len.to(torch.int32)
@@ -80,20 +85,11 @@ def commit_round(
         new_seq_lens=prefix_lens + walk.accept_len.to(prefix_lens.dtype),
         kv_targets=torch.where(keep, locs[:, :width], 0).reshape(-1),
         kv_sources=torch.where(keep, locs.gather(1, comp.src_slots), 0).reshape(-1),
+        hidden_rows=comp.src_rows.reshape(-1),
     )
 
 
-def _want_triton(x: torch.Tensor, use_triton: bool | None) -> bool:
-    if use_triton is False:
-        return False
-    if x.is_cuda:
-        return ddtree_tree._triton_importable()
-    return bool(use_triton) and ddtree_tree._interpreting() and ddtree_tree._triton_importable()
-
-
-def _triton_commit(walk, comp, target, prefix_lens, window_locs) -> RoundCommit:
-    b, n = target.shape
-    width = comp.src_slots.shape[1]
+def _triton_commit(walk, comp, target, prefix_lens, window_locs, b, n, width) -> RoundCommit:
     dev = target.device
     out = RoundCommit(
         out_tokens=torch.empty((b, width), dtype=torch.int64, device=dev),
@@ -102,6 +98,7 @@ def _triton_commit(walk, comp, target, prefix_lens, window_locs) -> RoundCommit:
         new_seq_lens=torch.empty_like(prefix_lens),
         kv_targets=torch.empty((b * width,), dtype=torch.int64, device=dev),
         kv_sources=torch.empty((b * width,), dtype=torch.int64, device=dev),
+        hidden_rows=comp.src_rows.reshape(-1),
     )
     _kernel()[(b,)](
         walk.accept_len, comp.src_slots, target, prefix_lens, window_locs, n, width,

@@ -426,7 +426,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         # Hidden rows for the draft KV ([bs, block_size] rows out of the [bs, d] verify):
         # the accepted path first, the window's own rows after it (never committed).
-        self._accept_rows = ddtree_tree.compaction_indices(walk, d).src_rows.reshape(-1)
+        self._accept_rows = commit.hidden_rows
         return (
             commit.num_correct,
             commit.commit_lens,
