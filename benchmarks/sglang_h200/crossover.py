@@ -277,19 +277,24 @@ def state_keys(server: str) -> tuple[str, ...]:
             *[graphs] * server.startswith("ddtree-g"))  # fmt: skip
 
 
-def ddtree_states(port: int, keys: tuple[str, ...]) -> dict:
+# A v2 ``--graphs`` server's accept graphs (walk, commit and KV move per batch size): kept
+# when its /server_info has them (0.5.13's worker has none).
+ACCEPT_KEY = "speculative_ddtree_accept_graphs"
+
+
+def ddtree_states(port: int, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
     """``key -> value`` for DDTREE entries of one server's ``/server_info`` internal state,
     asked once (``speculative_ddtree_budget_policy``: the budget-auto policy's budget per
     batch bucket, round times and calibration; ``speculative_ddtree_round_timing``: where
     every DDTREE server's rounds spend their host time), each missing one as what the server
-    answered instead."""
+    answered instead; each of ``optional`` only where the server has it."""
     try:
         status, info = run.http(f"http://127.0.0.1:{port}/server_info", timeout=30)
     except OSError as exc:
         return {key: {"error": str(exc)} for key in keys}
     ok = status == 200 and isinstance(info, dict)
     state = (info.get("internal_states") or [{}])[0] if ok else {}
-    out = {}
+    out = {key: state[key] for key in optional if state.get(key) is not None}
     for key in keys:
         out[key] = state.get(key)
         if out[key] is None:
@@ -368,16 +373,17 @@ def crossover(v: run.Validation) -> int:
                 return v.finish(f"incomplete: {step} cut at the call's end; call again", 3, todo)
             v.record(step, returncode=code, seconds=round(time.monotonic() - began, 1))
             timing, policy, graphs = STATE_KEYS
-            states = {n: ddtree_states(port, state_keys(n))
+            states = {n: ddtree_states(port, state_keys(n), (ACCEPT_KEY,))
                       for n, (port, _) in servers.items() if n.startswith("ddtree")}  # fmt: skip
             v.write(f"{step}.round-timing.json", {n: s[timing] for n, s in states.items()})
             if "ddtree-nauto" in states:
                 v.write(f"{step}.auto-policy.json", states["ddtree-nauto"][policy])
             if "ddtree-gauto" in states:
                 v.write(f"{step}.auto-graphs-policy.json", states["ddtree-gauto"][policy])
-            if any(graphs in s for s in states.values()):
-                v.write(f"{step}.round-graphs.json",
-                        {n: s[graphs] for n, s in states.items() if graphs in s})  # fmt: skip
+            for key, name in ((graphs, "round-graphs"), (ACCEPT_KEY, "accept-graphs")):
+                if any(key in s for s in states.values()):
+                    v.write(f"{step}.{name}.json",
+                            {n: s[key] for n, s in states.items() if key in s})  # fmt: skip
         elif step.startswith("profile-"):
             name, conc = step.removeprefix("profile-").rsplit("-c", 1)
             if name in phase_a:

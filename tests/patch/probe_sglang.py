@@ -695,6 +695,7 @@ class FakeAllocator:
     def __init__(self, slots: int = 512):
         self.freed, self.moves = [], 0
         self.kv = torch.arange(slots)
+        self.targets = []  # every real slot (not the padding slot 0) a move wrote
 
     def free(self, slots):
         self.freed.extend(slots.tolist())
@@ -704,6 +705,7 @@ class FakeAllocator:
 
     def move_kv_cache(self, tgt, src):
         self.moves += 1
+        self.targets += sorted(tgt[tgt != 0].tolist())
         self.kv[tgt] = self.kv[src].clone()
 
 
@@ -1374,6 +1376,116 @@ if V2:
         for lg in loggers:
             lg.removeHandler(lines)
     out["round_graphs"]["v2"] = v2
+
+    # The v2 accept graphs (ddtree_accept_graphs_v2.py): a worker whose rounds replay the
+    # round graphs and then the accept graph of the same size, against a twin that runs the
+    # same rounds eagerly, each with its own KV stand-in. Captured by a stand-in that keeps
+    # real capture's static buffers (its replay runs the captured call and copies the
+    # outputs in), so the copy into the first rows, the cleared rows past them and the
+    # cut outputs are what is checked.
+    from sglang.srt.speculative.ddtree_accept_graphs_v2 import AcceptGraphs  # noqa: E402
+
+    def _capture_accept_by_call(fn, pool):
+        first = fn()
+
+        def replay():
+            for dst, src in zip(first, fn(), strict=True):
+                dst.copy_(src)
+
+        return replay, first
+
+    def accept_worker(with_graphs: bool, capture_fn=_capture_accept_by_call):
+        from sglang.srt.speculative.ddtree_round_timing import RoundTiming
+
+        worker = v2_worker(head, [2, 4])
+        worker.verify_width, worker.round_timing = 16, RoundTiming()
+        allocator = FakeAllocator(slots=1024)
+        worker.target_worker.model_runner.token_to_kv_pool_allocator = allocator
+        if with_graphs:
+            worker._round_graphs = round_graphs_for(head, _capture_by_call)
+            worker._round_graphs.capture(15, 15)
+            worker._round_graphs_head = head
+            worker._accept_graphs = AcceptGraphs(
+                worker._accept, width=16, device="cpu", capture_fn=capture_fn,
+                pool_fn=lambda: None,
+            )  # fmt: skip
+        return worker, allocator
+
+    def accept_graphs_case() -> dict:
+        graphed, kv_graphed = accept_worker(True)
+        captured = graphed._accept_graphs.capture(graphed._round_graphs.captured_trees(15, 15))
+        eager, kv_eager = accept_worker(False)
+        rounds, held = [], []
+        # 4, 4 and 3 replay size 4 (each graph's two slots in turn: the round of 3 replays
+        # the first round's graph, whose fourth row held that round's inputs until the
+        # graph cleared them), 1 and 2 size 2; 5 is above every size
+        for r, bs in enumerate((4, 4, 3, 1, 2, 5)):
+            draft_hidden = torch.randn(bs, 16, 16, generator=gen) * 3
+            window = torch.arange(100 + 100 * r, 100 + 100 * r + bs * 16, dtype=torch.int64)
+            prefix = torch.randint(0, 50, (bs,), generator=gen)
+            results = []
+            for worker in (graphed, eager):
+                worker._draft_next_tokens(draft_hidden=draft_hidden, lm_head=head, bs=bs)
+                tree = worker._tree
+                # the target follows each tree's deepest path for a random part of it
+                target = torch.randint(0, 50, (bs, 16), generator=torch.Generator().manual_seed(r))
+                for b in range(bs):
+                    node = int(torch.argmax(tree.depths[b]))
+                    while node > 0:
+                        parent = int(tree.parents[b, node])
+                        if (node + r) % 3:
+                            target[b, parent] = tree.tokens[b, node - 1]
+                        node = parent
+                logits = torch.full((bs * 16, 50), -10.0)
+                logits[torch.arange(bs * 16), target.reshape(-1)] = 10.0
+                worker._verify_batch = types.SimpleNamespace(out_cache_loc=window.clone())
+                got = worker._accept_block(
+                    candidates=None, next_token_logits=logits, sampling_info=None,
+                    draft_input=None, prefix_lens=prefix.clone(), bs=bs,
+                )  # fmt: skip
+                rows = worker._accept_rows
+                worker._committed_target_hidden(torch.zeros(bs * 16, 2))
+                results.append([*got, rows])
+            graph_out, eager_out = results
+            rounds.append({
+                "bs": bs,
+                "size": graphed._round_size,
+                "rows": [int(t.shape[0]) for t in graph_out],
+                "equal": all(torch.equal(a, b) for a, b in zip(graph_out, eager_out, strict=True)),
+                "kv_equal": torch.equal(kv_graphed.kv, kv_eager.kv),
+                "targets_equal": sorted(kv_graphed.targets) == sorted(kv_eager.targets),
+                "moved": int((kv_eager.kv != torch.arange(1024)).sum()),
+            })  # fmt: skip
+            # the previous round's outputs, which the scheduler still reads, are unchanged
+            if held:
+                prev, copies = held.pop()
+                rounds[-2]["kept"] = all(
+                    torch.equal(a, b) for a, b in zip(prev, copies, strict=True)
+                )
+            held.append((graph_out, [t.clone() for t in graph_out]))
+        calls = []
+
+        def failing(fn, pool):
+            calls.append(fn)
+            if len(calls) == 3:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return _capture_accept_by_call(fn, pool)
+
+        failed, _ = accept_worker(True, failing)
+        try:
+            failed._accept_graphs.capture(failed._round_graphs.captured_trees(15, 15))
+            error = None
+        except RoundGraphsError as exc:
+            error = str(exc)
+        return {
+            "captured": captured,
+            "rounds": rounds,
+            "snapshot": graphed._accept_graphs.snapshot(),
+            "state_keys": sorted(graphed.ddtree_internal_state()),
+            "failed": {"error": error, "snapshot": failed._accept_graphs.snapshot()},
+        }
+
+    out["accept_graphs"] = accept_graphs_case()
 
     # The v2 worker's round timing, and what it hands the scheduler's get_internal_state.
     # DFlash's own round is stood in for (on a GPU it runs the draft block forward and the

@@ -496,6 +496,36 @@ def test_start_up_warms_every_budget_at_every_graph_batch_size(probe):
 
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True)
+def test_v2_accept_graphs_replay_what_the_eager_accept_does(probe):
+    """ddtree_accept_graphs_v2.py: a round that replayed a round graph replays the accept
+    graph of the same batch size (walk, commit, KV move; two per size) and returns exactly
+    the eager accept's outputs, cut to its rows, and leaves the KV exactly as the eager
+    accept does and moves onto the same slots, also for a round of 3 on the graph a round of 4
+    replayed (the fourth row's inputs cleared by the graph: it moves slot 0 only); the outputs a round returns stay as they were through the next round. A
+    round with no round graph accepts eagerly; a capture that fails drops every graph."""
+    _, facts = probe
+    graphs = facts["accept_graphs"]
+    assert graphs["captured"] == 4  # sizes 2 and 4, two slots each
+    assert [(r["bs"], r["size"]) for r in graphs["rounds"]] == [
+        (4, 4), (4, 4), (3, 4), (1, 2), (2, 2), (5, None),
+    ]  # fmt: skip
+    for r in graphs["rounds"]:
+        assert r["equal"] and r["kv_equal"] and r["targets_equal"], r
+        assert r["rows"] == [r["bs"]] * 5 + [r["bs"] * 16], r
+    assert all(r["moved"] > 0 for r in graphs["rounds"])  # the walks accepted some paths
+    assert [r.get("kept") for r in graphs["rounds"]] == [True] * 5 + [None]
+    assert graphs["snapshot"] == {
+        "graphs": 4, "sizes": [2, 4], "replayed_rounds": 5, "eager_rounds": 1,
+    }  # fmt: skip
+    assert "speculative_ddtree_accept_graphs" in graphs["state_keys"]
+    assert graphs["failed"]["error"] == (
+        "capturing the accept at batch size 4: "
+        "RuntimeError: operation not permitted when stream is capturing"
+    )
+    assert graphs["failed"]["snapshot"]["graphs"] == 0
+
+
+@pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True)
 def test_v2_start_up_warms_its_budget_at_every_graph_batch_size(probe):
     """The v2 worker runs the round's eager part at its budget once per batch size the
     target's decode CUDA graphs cover (1, 2 and 16 without graphs), before serving."""

@@ -39,6 +39,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_DDTREE_ROUND_GRAPHS"
+# The v2 worker's accept graphs (ddtree_accept_graphs_v2), captured with the round graphs
+# unless this is off.
+ACCEPT_ENV = "SGLANG_DDTREE_ACCEPT_GRAPHS"
 
 
 class RoundGraphsError(RuntimeError):
@@ -49,24 +52,27 @@ ON = ("1", "true", "yes", "on")
 OFF = ("0", "false", "no", "off")
 
 
-def round_graphs_requested(default: bool = False) -> bool:
+def round_graphs_requested(
+    default: bool = False, env: str = ENV, what: str = "round graphs"
+) -> bool:
     """Whether to capture the round graphs: ``SGLANG_DDTREE_ROUND_GRAPHS`` on (1, true, yes,
     on) or off (0, false, no, off); unset or empty, ``default`` (the worker's; both
-    layouts' are on). Anything else keeps the default, with a warning."""
-    value = os.environ.get(ENV, "").strip().lower()
+    layouts' are on). Anything else keeps the default, with a warning. ``env`` and ``what``
+    ask the same of another switch (``ACCEPT_ENV``: the v2 worker's accept graphs)."""
+    value = os.environ.get(env, "").strip().lower()
     if value in ON:
         return True
     if value in OFF:
         return False
     if value:
         logger.warning(
-            "%s=%r is neither on (%s) nor off (%s): round graphs %s (the default)",
-            ENV, value, "/".join(ON), "/".join(OFF), "on" if default else "off",
+            "%s=%r is neither on (%s) nor off (%s): %s %s (the default)",
+            env, value, "/".join(ON), "/".join(OFF), what, "on" if default else "off",
         )  # fmt: skip
     return default
 
 
-def _cuda_capture(fn: Callable[[], Any], pool: Any) -> Tuple[Callable[[], None], Any]:
+def cuda_capture(fn: Callable[[], Any], pool: Any) -> Tuple[Callable[[], None], Any]:
     """Capture ``fn()`` into a CUDA graph: (replay, the outputs captured)."""
     import torch
 
@@ -76,7 +82,7 @@ def _cuda_capture(fn: Callable[[], Any], pool: Any) -> Tuple[Callable[[], None],
     return graph.replay, out
 
 
-def _cuda_pool() -> Any:
+def cuda_pool() -> Any:
     import torch
 
     return torch.cuda.graph_pool_handle()
@@ -125,11 +131,14 @@ class DraftRoundGraphs:
         self.hidden_size = int(hidden_size)
         self.dtype = dtype
         self.device = device
-        self._capture = capture_fn or _cuda_capture
-        self._pool = (pool_fn or _cuda_pool)()
+        self._capture = capture_fn or cuda_capture
+        self._pool = (pool_fn or cuda_pool)()
         self._graphs: Dict[Tuple[int, int, int], Tuple[Any, Callable[[], None], Any]] = {}
         self.replays = 0  # rounds served from a graph
         self.eager = 0  # rounds that had none
+        # The captured batch size the last round replayed, None when it ran eagerly (the
+        # v2 worker's accept graphs read the tree from that graph's buffers).
+        self.last_size: Optional[int] = None
 
     def eager_round(self, hidden: Any, k: int, budget: int) -> Tuple[Any, Any, Any]:
         logprobs, ids = self.head(hidden, k)
@@ -177,14 +186,25 @@ class DraftRoundGraphs:
         entry = None if size is None else self._graphs.get((size, int(k), int(budget)))
         if entry is None or tuple(hidden.shape[1:]) != (self.n_pos, self.hidden_size):
             self.eager += 1
+            self.last_size = None
             return self.eager_round(hidden, k, budget)
         static, replay, (logprobs, ids, tree) = entry
         static[:bs].copy_(hidden)
         replay()
         self.replays += 1
+        self.last_size = size
         if size == bs:
             return logprobs, ids, tree
         return logprobs[:bs], ids[:bs], _rows(tree, bs)
+
+    def captured_trees(self, k: int, budget: int) -> List[Tuple[int, Any]]:
+        """``(size, tree)`` for every captured size at (K, budget): the tree buffers the
+        size's graph writes, all ``size`` rows."""
+        return [
+            (size, entry[2][2])
+            for (size, kk, bb), entry in sorted(self._graphs.items())
+            if (kk, bb) == (int(k), int(budget))
+        ]
 
     def snapshot(self) -> dict:
         """For ``/server_info``: the graphs held and how many rounds used them."""

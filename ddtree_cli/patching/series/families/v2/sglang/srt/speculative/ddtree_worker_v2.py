@@ -63,10 +63,13 @@ from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
+from sglang.srt.speculative.ddtree_accept_graphs_v2 import AcceptGraphs, AcceptOutputs
 from sglang.srt.speculative.ddtree_commit_v2 import commit_round
 from sglang.srt.speculative.ddtree_info_v2 import DDTreeVerifyInputV2
 from sglang.srt.speculative.ddtree_round_graphs import (
+    ACCEPT_ENV,
     DraftRoundGraphs,
+    RoundGraphsError,
     capture_round_graphs,
     graph_batch_sizes,
     round_graphs_requested,
@@ -115,6 +118,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     # for (a round with another head runs eagerly).
     _round_graphs: Optional[DraftRoundGraphs] = None
     _round_graphs_head = None
+    # The accept (walk, commit, KV move) per round-graph batch size, captured with the
+    # round graphs unless SGLANG_DDTREE_ACCEPT_GRAPHS is off; and the batch size of the
+    # round graph this round replayed (None: it ran eagerly, and so does its accept).
+    _accept_graphs: Optional[AcceptGraphs] = None
+    _round_size: Optional[int] = None
     # The decode round's host seconds in _draft_next_tokens and _make_verify_input. A class
     # default, so that it reads 0.0 before then (DFlashWorkerV2 forwards unknown attributes).
     _build_s = 0.0
@@ -195,6 +203,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         state = {"speculative_ddtree_round_timing": self.round_timing.snapshot()}
         if self._round_graphs is not None:
             state["speculative_ddtree_round_graphs"] = self._round_graphs.snapshot()
+        if self._accept_graphs is not None:
+            state["speculative_ddtree_accept_graphs"] = self._accept_graphs.snapshot()
         return state
 
     def _drafter_block_size_arg(self) -> int:
@@ -250,6 +260,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             # the warm-up runs last and serving starts with its blocks cached.
             if round_graphs_requested(self.ROUND_GRAPHS_DEFAULT):
                 self._round_graphs = self._capture_round_graphs(tp_group)
+            if self._round_graphs is not None and round_graphs_requested(True, ACCEPT_ENV, "accept graphs"):
+                self._accept_graphs = self._capture_accept_graphs(tp_group)
             self._warm_eager_kernels(tp_group)
 
     def _draft_head_context(self):
@@ -318,6 +330,36 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._round_graphs_head = lm_head if graphs is not None else None
         return graphs
 
+    def _capture_accept_graphs(self, tp_group) -> Optional[AcceptGraphs]:
+        """The accept (``_accept``) per round-graph batch size, on the round graphs' tree
+        buffers (``ddtree_accept_graphs_v2``); None (and a warning) when a capture fails:
+        the rounds then accept eagerly."""
+        import torch
+
+        started = time.perf_counter()
+        graphs = AcceptGraphs(
+            self._accept,
+            width=self.verify_width,
+            device=self.target_worker.model_runner.device,
+        )
+        trees = self._round_graphs.captured_trees(self.topk, self.budget)
+        try:
+            with torch.no_grad():
+                graphs.capture(trees)
+        except (RoundGraphsError, RuntimeError) as exc:
+            if _rank0(tp_group):
+                logger.warning("DDTREE accept graphs not used: %s", exc)
+            return None
+        if _rank0(tp_group):
+            logger.info(
+                "DDTREE accept graphs: %d captured (walk + commit + KV move; batch sizes "
+                "%s) in %.1f s",
+                graphs.snapshot()["graphs"],
+                graphs.snapshot()["sizes"],
+                time.perf_counter() - started,
+            )
+        return graphs
+
     def _maybe_build_draft_sampler(self):
         # The top-K head runs eagerly after the (graph-replayed) draft forward; the
         # in-graph greedy sampler would only compute an argmax DDTREE does not use.
@@ -328,8 +370,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     ) -> torch.Tensor:
         t0 = time.perf_counter()
         hidden = draft_hidden[:, 1:, :]
+        self._round_size = None
         if self._round_graphs is not None and lm_head is self._round_graphs_head:
             _, _, self._tree = self._round_graphs(hidden, self.topk, self.budget)
+            self._round_size = self._round_graphs.last_size
         else:
             logprobs, ids = draft_topk_logprobs(
                 hidden, lm_head, self.topk, get_parallel().tp_group
@@ -398,14 +442,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     ):
         """Walk each tree with the target's token per node (its argmax, or one sample per
         node at temperature > 0), move the accepted path's KV to the front of its verify
-        window and return what DFlash's accept returns. Three launches on a GPU, where the
-        spec-v2 round is bound by launches on a small target (docs/validation.md, the fifth
-        and seventeenth GPU runs): the walk (``ddtree_tree``: path, length, bonus and the
-        rows that compact the path), the commit (``ddtree_commit_v2``: tokens, lengths and
-        the KV moves) and the KV pool's move."""
+        window and return what DFlash's accept returns (``_accept``): replayed from the
+        accept graph of the round graph's batch size where there is one
+        (``ddtree_accept_graphs_v2``), else three launches from Python."""
         tree, batch = self._tree, self._verify_batch
-        # d: tree slots per request in the verify; the walk's path is block_size wide (the
-        # tree is at most block_size - 1 deep), so it fits the draft block.
+        # d: tree slots per request in the verify.
         d = self.verify_width
         if target_predict is None:
             if sampling_info is None or sampling_info.is_all_greedy:
@@ -415,24 +456,36 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                     next_token_logits, sampling_info, bs
                 )
         target = target_predict.view(bs, d).to(torch.int64)
+        # The KV moves' targets lead each request's verify window (batch.out_cache_loc),
+        # as in SGLang's own move_accept_tokens_to_target_kvcache.
+        locs = batch.out_cache_loc
+        graphs = self._accept_graphs
+        out = None if graphs is None else graphs(self._round_size, target, prefix_lens, locs)
+        if out is None:
+            out = self._accept(tree, target, prefix_lens, locs)
+        num_correct, commit_lens, bonus, out_tokens, new_seq_lens, self._accept_rows = out
+        return num_correct, commit_lens, bonus, out_tokens, new_seq_lens
+
+    def _accept(self, tree, target, prefix_lens, locs) -> AcceptOutputs:
+        """The walk (``ddtree_tree``: path, length, bonus and the rows that compact the
+        path), the commit (``ddtree_commit_v2``: tokens, lengths and the KV moves) and the
+        KV pool's move: three launches on a GPU, captured as they are by the accept graphs.
+        The emitted tokens are laid out with stride block_size as the scheduler reads them
+        (the walk's path is block_size wide: the tree is at most block_size - 1 deep); the
+        hidden rows for the draft KV ([bs, block_size] rows out of the [bs, d] verify) are
+        the accepted path first, the window's own rows after it (never committed)."""
         walk = ddtree_tree.verify_walk(tree, target)
-        # The tokens this round emits are laid out with stride block_size as the scheduler
-        # reads them (the result's speculative_num_draft_tokens); the KV moves' targets
-        # lead each request's verify window (batch.out_cache_loc), as in SGLang's own
-        # move_accept_tokens_to_target_kvcache.
-        commit = commit_round(walk, target, prefix_lens, batch.out_cache_loc)
+        commit = commit_round(walk, target, prefix_lens, locs)
         self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache().move_kv_cache(
             commit.kv_targets, commit.kv_sources
         )
-        # Hidden rows for the draft KV ([bs, block_size] rows out of the [bs, d] verify):
-        # the accepted path first, the window's own rows after it (never committed).
-        self._accept_rows = commit.hidden_rows
         return (
             commit.num_correct,
             commit.commit_lens,
             walk.bonus,
             commit.out_tokens,
             commit.new_seq_lens,
+            commit.hidden_rows,
         )
 
     def _committed_target_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
