@@ -27,7 +27,11 @@ off) it first captures the draft head and the tree build per batch size
 both from Python, as the v1 worker does (the capture before the warm-up: each capture
 empties PyTorch's allocator caches). On an H100 with 0.5.17 and the trained pair the graph
 server's rounds replayed every round and were faster than the eager server's
-(docs/validation.md, the seventeenth GPU run).
+(docs/validation.md, the seventeenth GPU run). With them it captures the accept (walk,
+commit, KV move: ``_accept``) per round-graph batch size (``ddtree_accept_graphs_v2``;
+``SGLANG_DDTREE_ACCEPT_GRAPHS=0`` turns it off), which a round that replayed a round graph
+replays in ``_accept_block`` (the twentieth GPU run: every round, the accept's host time
+DFLASH's).
 
 Every decode round's host time is recorded (``forward_batch_generation``, into
 ``ddtree_round_timing.RoundTiming``) per batch bucket (``ddtree_budget_policy.batch_bucket``)
