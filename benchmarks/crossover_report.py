@@ -22,23 +22,27 @@ from pathlib import Path
 # Arms under test: ``ddtree-bN`` (a fixed budget) and ``ddtree-auto`` (the budget chosen per
 # round, ``crossover.py --auto``), which sorts after every number; either with ``-graphs``
 # (``crossover.py --graphs``: the same server with the round's head and tree replayed from
-# CUDA graphs), which sorts after the arms without.
-ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))(-graphs)?$")
+# CUDA graphs), which sorts after the arms without, or ``-graphs-verify`` (``--graphs 15v``:
+# with the v2 verify inputs' graphs too), after those.
+ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))(-graphs(?:-verify)?)?$")
+SUFFIXES = {None: "", "-graphs": " graphs", "-graphs-verify": " graphs+verify"}
 
 
 def arm_budget(arm: str) -> int | str:
     """``ddtree-b64`` -> 64, ``ddtree-auto`` -> ``"auto"``, ``ddtree-b15-graphs`` ->
-    ``"15 graphs"``, ``ddtree-auto-graphs`` -> ``"auto graphs"``."""
+    ``"15 graphs"``, ``ddtree-auto-graphs`` -> ``"auto graphs"``, ``ddtree-b15-graphs-verify``
+    -> ``"15 graphs+verify"``."""
     number, auto, graphs = ARM.match(arm).groups()
     budget = int(number) if number is not None else auto
-    return f"{budget} graphs" if graphs else budget
+    return f"{budget}{SUFFIXES[graphs]}" if graphs else budget
 
 
 def budget_order(budget: int | str) -> tuple:
     text = str(budget)
-    graphs = text.endswith(" graphs")
-    base = text.removesuffix(" graphs")
-    return (int(graphs), 1, 0) if base == "auto" else (int(graphs), 0, int(base))
+    kind = next(i for i, suffix in reversed(list(enumerate(SUFFIXES.values())))
+                if text.endswith(suffix))  # fmt: skip
+    base = text.removesuffix(list(SUFFIXES.values())[kind]) if kind else text
+    return (kind, 1, 0) if base == "auto" else (kind, 0, int(base))
 
 
 def cells(results: Path) -> list[dict]:

@@ -496,6 +496,7 @@ def verify_inputs(
     prefix_lens: Tensor,
     *,
     mask_numel: int | None = None,
+    mask_out: Tensor | None = None,
     use_triton: bool | None = None,
 ) -> VerifyInputs:
     """Inputs of the target's tree-verify pass (SGLang's FULL_MASK layout and retrieve_*).
@@ -507,11 +508,17 @@ def verify_inputs(
         mask_numel: static size of the flat ``tree_mask`` (e.g. ``b * N * (max_context + N)``,
             the size of a CUDA-graph buffer); entries past the real size are False. None sizes
             it exactly, which reads ``prefix_lens`` on the host once: use it outside graphs.
+        mask_out: a flat bool buffer the mask is written into instead (from its start; the
+            real size must fit), returned whole as ``tree_mask``: entries past the real size
+            are cleared up to ``mask_numel`` only (None: none are, and the size is never read
+            on the host, so it can be captured in a CUDA graph).
     """
     b, n = tree.parents.shape
     device = tree.parents.device
     prefix = prefix_lens.to(device=device, dtype=torch.int64)
     if _want_triton(tree.parents, use_triton):
+        if mask_out is not None:
+            return _triton_verify_inputs(tree, root_tokens, prefix, mask_numel or 0, mask_out)
         if mask_numel is None:
             mask_numel = int(full_mask_numel(n, prefix))
         return _triton_verify_inputs(tree, root_tokens, prefix, mask_numel)
@@ -523,9 +530,14 @@ def verify_inputs(
     row_len = prefix + n
     indptr = torch.zeros((b + 1,), dtype=torch.int64, device=device)
     indptr[1:] = torch.cumsum(n * row_len, 0)
-    if mask_numel is None:
-        mask_numel = int(indptr[-1])
-    tree_mask = _full_mask(tree.visibility, prefix, indptr, mask_numel)
+    if mask_out is not None:
+        numel = max(int(indptr[-1]), mask_numel or 0)
+        mask_out[:numel].copy_(_full_mask(tree.visibility, prefix, indptr, numel))
+        tree_mask = mask_out
+    else:
+        if mask_numel is None:
+            mask_numel = int(indptr[-1])
+        tree_mask = _full_mask(tree.visibility, prefix, indptr, mask_numel)
 
     slots = torch.arange(n, device=device)
     parents = tree.parents
@@ -1376,7 +1388,11 @@ def _row_warps(n: int) -> int:
 
 
 def _triton_verify_inputs(
-    tree: DraftTree, root_tokens: Tensor, prefix_lens: Tensor, mask_numel: int
+    tree: DraftTree,
+    root_tokens: Tensor,
+    prefix_lens: Tensor,
+    mask_numel: int,
+    mask_out: Tensor | None = None,
 ) -> VerifyInputs:
     b, n = tree.parents.shape
     dev = tree.parents.device
@@ -1387,7 +1403,10 @@ def _triton_verify_inputs(
         name: torch.empty(shape, dtype=torch.int64, device=dev)
         for name in ("input_ids", "positions", "next_token", "next_sibling", "retrieve_index")
     }
-    mask = torch.empty((mask_numel,), dtype=torch.bool, device=dev)
+    # The kernel clears entries from the real size up to mask_numel (0: none).
+    mask = (
+        torch.empty((mask_numel,), dtype=torch.bool, device=dev) if mask_out is None else mask_out
+    )
     indptr = torch.empty((b + 1,), dtype=torch.int64, device=dev)
     _kernels()["verify"][(b, n)](
         *_dense(tree.parents, tree.depths, tree.tokens, tree.num_nodes),

@@ -113,31 +113,47 @@ def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool 
     if auto:
         arms.append(("ddtree-nauto", "ddtree", "auto", args.base + 2 + len(every)))
     out = commands(state, args, args.ckpt, arms, version)
-    graph_arms = [(f"ddtree-g{b}", "ddtree", b, args.base + 3 + len(every) + i)
+    graph_arms = [(f"ddtree-g{b}", "ddtree", _budget_of(b), args.base + 3 + len(every) + i)
                   for i, b in enumerate(graphs)]  # fmt: skip
     graph_cmds = commands(state, args, args.ckpt, graph_arms, version)
     for cmds, on in ((out, 0), (graph_cmds, 1)):
         for name, (port, cmd) in cmds.items():
             if name.startswith("ddtree-"):
-                out[name] = (port, ["env", f"{GRAPHS_ENV}={on}", *cmd])
+                verify = [f"{VERIFY_ENV}=1"] if name.endswith("v") else []
+                out[name] = (port, ["env", f"{GRAPHS_ENV}={on}", *verify, *cmd])
     return out
 
 
 GRAPHS_ENV = "SGLANG_DDTREE_ROUND_GRAPHS"
+# A ``--graphs`` entry ``15v``: the v2 worker's verify inputs replayed from graphs too (off by
+# default there).
+VERIFY_ENV = "SGLANG_DDTREE_VERIFY_GRAPHS"
 
 
 def _graph_budgets(text: str) -> list:
-    """``--graphs``: budgets and ``auto``, e.g. ``15,auto``."""
-    return [x if x == "auto" else int(x) for x in text.split(",") if x]
+    """``--graphs``: budgets, ``auto``, and budgets with ``v`` (the verify inputs' graphs
+    on too), e.g. ``15,15v,auto``."""
+    out = []
+    for x in (x.strip() for x in text.split(",") if x.strip()):
+        if x != "auto" and not x.removesuffix("v").isdigit():
+            raise argparse.ArgumentTypeError(f"--graphs: {x!r} is not a budget, Nv or auto")
+        out.append(x if x == "auto" or x.endswith("v") else int(x))
+    return out
+
+
+def _budget_of(entry) -> int | str:
+    """A ``--graphs`` entry's budget: ``15v`` -> 15."""
+    return int(entry[:-1]) if isinstance(entry, str) and entry.endswith("v") else entry
 
 
 def arm_of(server: str) -> str:
     """The bench arm of a DDTREE server: ``ddtree-n15`` -> ``ddtree-b15``, ``ddtree-nauto`` ->
     ``ddtree-auto``, ``ddtree-g15`` -> ``ddtree-b15-graphs``, ``ddtree-gauto`` ->
-    ``ddtree-auto-graphs``."""
+    ``ddtree-auto-graphs``, ``ddtree-g15v`` -> ``ddtree-b15-graphs-verify``."""
     kind, budget = server[len("ddtree-")], server[len("ddtree-") + 1 :]
-    arm = "ddtree-auto" if budget == "auto" else f"ddtree-b{budget}"
-    return arm + ("-graphs" if kind == "g" else "")
+    verify = budget.endswith("v")
+    arm = "ddtree-auto" if budget == "auto" else f"ddtree-b{budget.removesuffix('v')}"
+    return arm + ("-graphs" if kind == "g" else "") + ("-verify" if verify else "")
 
 
 def small_servers(state: Path, args, version: str) -> dict:
@@ -277,9 +293,10 @@ def state_keys(server: str) -> tuple[str, ...]:
             *[graphs] * server.startswith("ddtree-g"))  # fmt: skip
 
 
-# A v2 ``--graphs`` server's accept graphs (walk, commit and KV move per batch size): kept
-# when its /server_info has them (0.5.13's worker has none).
-ACCEPT_KEY = "speculative_ddtree_accept_graphs"
+# A v2 ``--graphs`` server's step graphs (the accept, and with ``Nv`` the verify inputs, per
+# batch size): kept when its /server_info has them (0.5.13's worker has none).
+STEP_KEYS = {"speculative_ddtree_accept_graphs": "accept-graphs",
+             "speculative_ddtree_verify_graphs": "verify-graphs"}  # fmt: skip
 
 
 def ddtree_states(port: int, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
@@ -373,14 +390,14 @@ def crossover(v: run.Validation) -> int:
                 return v.finish(f"incomplete: {step} cut at the call's end; call again", 3, todo)
             v.record(step, returncode=code, seconds=round(time.monotonic() - began, 1))
             timing, policy, graphs = STATE_KEYS
-            states = {n: ddtree_states(port, state_keys(n), (ACCEPT_KEY,))
+            states = {n: ddtree_states(port, state_keys(n), tuple(STEP_KEYS))
                       for n, (port, _) in servers.items() if n.startswith("ddtree")}  # fmt: skip
             v.write(f"{step}.round-timing.json", {n: s[timing] for n, s in states.items()})
             if "ddtree-nauto" in states:
                 v.write(f"{step}.auto-policy.json", states["ddtree-nauto"][policy])
             if "ddtree-gauto" in states:
                 v.write(f"{step}.auto-graphs-policy.json", states["ddtree-gauto"][policy])
-            for key, name in ((graphs, "round-graphs"), (ACCEPT_KEY, "accept-graphs")):
+            for key, name in ((graphs, "round-graphs"), *STEP_KEYS.items()):
                 if any(key in s for s in states.values()):
                     v.write(f"{step}.{name}.json",
                             {n: s[key] for n, s in states.items() if key in s})  # fmt: skip
@@ -432,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="phase-A DDTREE servers (budgets, or auto) started once more with "
         f"{GRAPHS_ENV}=1 (arms ddtree-bN-graphs, ddtree-auto-graphs; auto on SGLang 0.5.13 "
-        "only), e.g. 15,auto",
+        f"only); Nv: budget N with {VERIFY_ENV}=1 too (arm ddtree-bN-graphs-verify; the v2 "
+        "releases' verify-input graphs), e.g. 15,15v,auto",
     )
     p.add_argument(
         "--no-agree",

@@ -1377,15 +1377,18 @@ if V2:
             lg.removeHandler(lines)
     out["round_graphs"]["v2"] = v2
 
-    # The v2 accept graphs (ddtree_accept_graphs_v2.py): a worker whose rounds replay the
-    # round graphs and then the accept graph of the same size, against a twin that runs the
-    # same rounds eagerly, each with its own KV stand-in. Captured by a stand-in that keeps
-    # real capture's static buffers (its replay runs the captured call and copies the
-    # outputs in), so the copy into the first rows, the cleared rows past them and the
-    # cut outputs are what is checked.
-    from sglang.srt.speculative.ddtree_accept_graphs_v2 import AcceptGraphs  # noqa: E402
+    # The v2 step graphs (ddtree_step_graphs_v2.py): a worker whose rounds replay the round
+    # graphs and then the verify-input and accept graphs of the same size, against a twin
+    # that runs the same rounds eagerly, each with its own KV stand-in. The worker captures
+    # them itself (_capture_step_graphs, the verify inputs' switched on), through a stand-in
+    # for capture that keeps real capture's static buffers (its replay runs the captured
+    # call and copies the outputs in), so the copy into the first rows, the cleared rows
+    # past them, the shared mask buffer and the cut outputs are what is checked.
+    import os  # noqa: E402
 
-    def _capture_accept_by_call(fn, pool):
+    from sglang.srt.speculative import ddtree_step_graphs_v2 as _step  # noqa: E402
+
+    def _capture_step_by_call(fn, pool):
         first = fn()
 
         def replay():
@@ -1394,62 +1397,80 @@ if V2:
 
         return replay, first
 
-    def accept_worker(with_graphs: bool, capture_fn=_capture_accept_by_call):
+    def step_worker(with_graphs: bool, capture_fn=_capture_step_by_call, verify_env="1"):
         from sglang.srt.speculative.ddtree_round_timing import RoundTiming
 
         worker = v2_worker(head, [2, 4])
         worker.verify_width, worker.round_timing = 16, RoundTiming()
         allocator = FakeAllocator(slots=1024)
-        worker.target_worker.model_runner.token_to_kv_pool_allocator = allocator
+        runner = worker.target_worker.model_runner
+        runner.token_to_kv_pool_allocator, runner.max_total_num_tokens = allocator, 400
         if with_graphs:
             worker._round_graphs = round_graphs_for(head, _capture_by_call)
             worker._round_graphs.capture(15, 15)
             worker._round_graphs_head = head
-            worker._accept_graphs = AcceptGraphs(
-                worker._accept, width=16, device="cpu", capture_fn=capture_fn,
-                pool_fn=lambda: None,
-            )  # fmt: skip
+            saved = _step.cuda_capture, _step.cuda_pool
+            _step.cuda_capture, _step.cuda_pool = capture_fn, lambda: None
+            if verify_env is not None:
+                os.environ[_step.VERIFY_ENV] = verify_env
+            try:
+                worker._capture_step_graphs(None)
+            finally:
+                _step.cuda_capture, _step.cuda_pool = saved
+                os.environ.pop(_step.VERIFY_ENV, None)
         return worker, allocator
 
-    def accept_graphs_case() -> dict:
-        graphed, kv_graphed = accept_worker(True)
-        captured = graphed._accept_graphs.capture(graphed._round_graphs.captured_trees(15, 15))
-        eager, kv_eager = accept_worker(False)
+    def step_round(worker, r, bs, draft_hidden, window, prefix):
+        """One round's build, verify input and accept as DFlash's round calls them."""
+        drafts = worker._draft_next_tokens(draft_hidden=draft_hidden, lm_head=head, bs=bs)
+        roots = torch.arange(bs, dtype=torch.int64) + 7 * r
+        block = torch.cat([roots.view(bs, 1), drafts], dim=1)
+        batch = types.SimpleNamespace(seq_lens_cpu=prefix.clone(), out_cache_loc=window.clone())
+        vi = worker._make_verify_input(
+            batch=batch, draft_tokens=block, positions=None, prefix_lens=prefix.clone(),
+            kv_loc_plan=None, verify_out_cache_loc=None,
+        )  # fmt: skip
+        verify = [vi.draft_token.clone(), vi.positions.clone(), vi.custom_mask.clone()]
+        tree = worker._tree
+        # the target follows each tree's deepest path for a part of it
+        target = torch.randint(0, 50, (bs, 16), generator=torch.Generator().manual_seed(r))
+        for b in range(bs):
+            node = int(torch.argmax(tree.depths[b]))
+            while node > 0:
+                parent = int(tree.parents[b, node])
+                if (node + r) % 3:
+                    target[b, parent] = tree.tokens[b, node - 1]
+                node = parent
+        logits = torch.full((bs * 16, 50), -10.0)
+        logits[torch.arange(bs * 16), target.reshape(-1)] = 10.0
+        got = worker._accept_block(
+            candidates=None, next_token_logits=logits, sampling_info=None,
+            draft_input=None, prefix_lens=prefix.clone(), bs=bs,
+        )  # fmt: skip
+        rows = worker._accept_rows
+        worker._committed_target_hidden(torch.zeros(bs * 16, 2))
+        return verify, [*got, rows]
+
+    def step_graphs_case() -> dict:
+        graphed, kv_graphed = step_worker(True)
+        eager, kv_eager = step_worker(False)
         rounds, held = [], []
-        # 4, 4 and 3 replay size 4 (each graph's two slots in turn: the round of 3 replays
-        # the first round's graph, whose fourth row held that round's inputs until the
-        # graph cleared them), 1 and 2 size 2; 5 is above every size
-        for r, bs in enumerate((4, 4, 3, 1, 2, 5)):
+        # 4, 4 and 3 replay size 4 (the accept's two slots in turn: the round of 3 replays
+        # the first round's accept graph, whose fourth row held that round's inputs until
+        # the graph cleared them), 1 and 2 size 2, the round of 2 with prefixes whose mask
+        # does not fit the shared buffer (its verify inputs eager); 5 is above every size
+        for r, (bs, most) in enumerate(((4, 60), (4, 60), (3, 60), (1, 60), (2, 300), (5, 60))):
             draft_hidden = torch.randn(bs, 16, 16, generator=gen) * 3
             window = torch.arange(100 + 100 * r, 100 + 100 * r + bs * 16, dtype=torch.int64)
-            prefix = torch.randint(0, 50, (bs,), generator=gen)
-            results = []
-            for worker in (graphed, eager):
-                worker._draft_next_tokens(draft_hidden=draft_hidden, lm_head=head, bs=bs)
-                tree = worker._tree
-                # the target follows each tree's deepest path for a random part of it
-                target = torch.randint(0, 50, (bs, 16), generator=torch.Generator().manual_seed(r))
-                for b in range(bs):
-                    node = int(torch.argmax(tree.depths[b]))
-                    while node > 0:
-                        parent = int(tree.parents[b, node])
-                        if (node + r) % 3:
-                            target[b, parent] = tree.tokens[b, node - 1]
-                        node = parent
-                logits = torch.full((bs * 16, 50), -10.0)
-                logits[torch.arange(bs * 16), target.reshape(-1)] = 10.0
-                worker._verify_batch = types.SimpleNamespace(out_cache_loc=window.clone())
-                got = worker._accept_block(
-                    candidates=None, next_token_logits=logits, sampling_info=None,
-                    draft_input=None, prefix_lens=prefix.clone(), bs=bs,
-                )  # fmt: skip
-                rows = worker._accept_rows
-                worker._committed_target_hidden(torch.zeros(bs * 16, 2))
-                results.append([*got, rows])
-            graph_out, eager_out = results
+            prefix = torch.randint(most - 50, most, (bs,), generator=gen)
+            (v_graph, graph_out), (v_eager, eager_out) = (
+                step_round(w, r, bs, draft_hidden, window, prefix) for w in (graphed, eager)
+            )
             rounds.append({
                 "bs": bs,
                 "size": graphed._round_size,
+                "verify_equal": all(
+                    torch.equal(a, b) for a, b in zip(v_graph, v_eager, strict=True)),
                 "rows": [int(t.shape[0]) for t in graph_out],
                 "equal": all(torch.equal(a, b) for a, b in zip(graph_out, eager_out, strict=True)),
                 "kv_equal": torch.equal(kv_graphed.kv, kv_eager.kv),
@@ -1469,23 +1490,31 @@ if V2:
             calls.append(fn)
             if len(calls) == 3:
                 raise RuntimeError("operation not permitted when stream is capturing")
-            return _capture_accept_by_call(fn, pool)
+            return _capture_step_by_call(fn, pool)
 
-        failed, _ = accept_worker(True, failing)
-        try:
-            failed._accept_graphs.capture(failed._round_graphs.captured_trees(15, 15))
-            error = None
-        except RoundGraphsError as exc:
-            error = str(exc)
+        failed, _ = step_worker(True, failing)
         return {
-            "captured": captured,
             "rounds": rounds,
-            "snapshot": graphed._accept_graphs.snapshot(),
+            "accept": graphed._accept_graphs.snapshot(),
+            "verify": graphed._verify_graphs.snapshot(),
+            "mask_numel": int(graphed._verify_mask.numel()),
             "state_keys": sorted(graphed.ddtree_internal_state()),
-            "failed": {"error": error, "snapshot": failed._accept_graphs.snapshot()},
+            "failed": {
+                "accept": failed._accept_graphs is None,
+                "verify": None
+                if failed._verify_graphs is None
+                else failed._verify_graphs.snapshot(),
+            },
+            # without SGLANG_DDTREE_VERIFY_GRAPHS: the accept's graphs only
+            "default": [
+                g is not None
+                for g in (lambda w: (w._accept_graphs, w._verify_graphs))(
+                    step_worker(True, verify_env=None)[0]
+                )
+            ],
         }
 
-    out["accept_graphs"] = accept_graphs_case()
+    out["step_graphs"] = step_graphs_case()
 
     # The v2 worker's round timing, and what it hands the scheduler's get_internal_state.
     # DFlash's own round is stood in for (on a GPU it runs the draft block forward and the

@@ -496,33 +496,44 @@ def test_start_up_warms_every_budget_at_every_graph_batch_size(probe):
 
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True)
-def test_v2_accept_graphs_replay_what_the_eager_accept_does(probe):
-    """ddtree_accept_graphs_v2.py: a round that replayed a round graph replays the accept
-    graph of the same batch size (walk, commit, KV move; two per size) and returns exactly
-    the eager accept's outputs, cut to its rows, and leaves the KV exactly as the eager
-    accept does and moves onto the same slots, also for a round of 3 on the graph a round of 4
-    replayed (the fourth row's inputs cleared by the graph: it moves slot 0 only); the outputs a round returns stay as they were through the next round. A
-    round with no round graph accepts eagerly; a capture that fails drops every graph."""
+def test_v2_step_graphs_replay_what_the_eager_steps_do(probe):
+    """ddtree_step_graphs_v2.py: a round that replayed a round graph replays the verify-input
+    graph (when switched on) and the accept graph (walk, commit, KV move; two per size) of
+    the same batch size, and gets exactly the eager steps' verify input (tokens, positions,
+    the mask cut from the shared buffer) and accept outputs, cut to its rows, and leaves the
+    KV exactly as the eager accept does and moves onto the same slots, also for a round of 3
+    on the graph a round of 4 replayed (the fourth row's inputs cleared by the graph: it
+    moves slot 0 only); the outputs a round returns stay as they were through the next
+    round. A mask larger than the shared buffer, or a round with no round graph, is built
+    eagerly; a capture that fails leaves that step eager; the verify inputs' graphs are off
+    unless switched on."""
     _, facts = probe
-    graphs = facts["accept_graphs"]
-    assert graphs["captured"] == 4  # sizes 2 and 4, two slots each
+    graphs = facts["step_graphs"]
     assert [(r["bs"], r["size"]) for r in graphs["rounds"]] == [
         (4, 4), (4, 4), (3, 4), (1, 2), (2, 2), (5, None),
     ]  # fmt: skip
     for r in graphs["rounds"]:
-        assert r["equal"] and r["kv_equal"] and r["targets_equal"], r
+        assert r["verify_equal"] and r["equal"] and r["kv_equal"] and r["targets_equal"], r
         assert r["rows"] == [r["bs"]] * 5 + [r["bs"] * 16], r
     assert all(r["moved"] > 0 for r in graphs["rounds"])  # the walks accepted some paths
     assert [r.get("kept") for r in graphs["rounds"]] == [True] * 5 + [None]
-    assert graphs["snapshot"] == {
+    assert graphs["accept"] == {
         "graphs": 4, "sizes": [2, 4], "replayed_rounds": 5, "eager_rounds": 1,
     }  # fmt: skip
-    assert "speculative_ddtree_accept_graphs" in graphs["state_keys"]
-    assert graphs["failed"]["error"] == (
-        "capturing the accept at batch size 4: "
-        "RuntimeError: operation not permitted when stream is capturing"
+    # the round of 2 with prefixes near 300: its mask (16 * ~600 + 2 * 256) is past the
+    # buffer's 16 * 400 + 4 * 256 entries (the pool's 400 tokens, the largest size's rows)
+    assert graphs["verify"] == {
+        "graphs": 2, "sizes": [2, 4], "replayed_rounds": 4, "eager_rounds": 2,
+    }  # fmt: skip
+    assert graphs["mask_numel"] == 16 * 400 + 4 * 16 * 16
+    assert {"speculative_ddtree_accept_graphs", "speculative_ddtree_verify_graphs"} <= set(
+        graphs["state_keys"]
     )
-    assert graphs["failed"]["snapshot"]["graphs"] == 0
+    # the third capture (the accept at size 4) fails: the accept stays eager, the verify
+    # inputs' graphs are captured after it
+    assert graphs["failed"]["accept"] is True
+    assert graphs["failed"]["verify"]["graphs"] == 2
+    assert graphs["default"] == [True, False]
 
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True)

@@ -62,14 +62,18 @@ def test_an_auto_arm_is_a_row_after_the_numbered_budgets(tmp_path):
 
 
 def test_graph_arms_are_rows_after_the_arms_without():
-    """``crossover.py --graphs 15,auto`` adds ``ddtree-b15-graphs`` and
-    ``ddtree-auto-graphs``: each its own row, after every arm without graphs."""
+    """``crossover.py --graphs 15,auto,64v`` adds ``ddtree-b15-graphs``,
+    ``ddtree-auto-graphs`` and ``ddtree-b64-graphs-verify``: each its own row, after every
+    arm without graphs, the verify-input graphs' after those."""
     report = _report()
-    arms = ["ddtree-auto-graphs", "ddtree-b64", "ddtree-b15-graphs", "ddtree-auto", "ddtree-b15"]
+    arms = ["ddtree-auto-graphs", "ddtree-b64-graphs-verify", "ddtree-b64", "ddtree-b15-graphs",
+            "ddtree-auto", "ddtree-b15"]  # fmt: skip
     budgets = [report.arm_budget(a) for a in arms]
-    assert budgets == ["auto graphs", 64, "15 graphs", "auto", 15]
-    assert sorted(budgets, key=report.budget_order) == [15, 64, "auto", "15 graphs", "auto graphs"]
+    assert budgets == ["auto graphs", "64 graphs+verify", 64, "15 graphs", "auto", 15]
+    assert sorted(budgets, key=report.budget_order) == [
+        15, 64, "auto", "15 graphs", "auto graphs", "64 graphs+verify"]  # fmt: skip
     assert not report.ARM.match("ddtree-graphs") and not report.ARM.match("ddtree-b15-graph")
+    assert not report.ARM.match("ddtree-b15-verify")
 
 
 def test_the_table_marks_ratios_whose_ci_excludes_one(tmp_path):

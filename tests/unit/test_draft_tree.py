@@ -322,6 +322,26 @@ def test_verify_inputs_static_mask_size_pads_with_false():
     assert not padded.tree_mask[numel:].any()
 
 
+def test_verify_inputs_into_a_buffer_leave_or_clear_its_tail():
+    """``mask_out``: the mask is written into the buffer's start and the buffer returned;
+    what follows the real size is kept (a CUDA graph's shared buffer, cut by the caller)
+    unless ``mask_numel`` says how far to clear. The other inputs are unchanged."""
+    tree = dt.build_tree(torch.randn(2, 3, 9), 6)
+    prefix, roots = torch.tensor([4, 2]), torch.tensor([1, 2])
+    exact = dt.verify_inputs(tree, roots, prefix)
+    numel = exact.tree_mask.numel()
+    buffer = torch.ones(numel + 40, dtype=torch.bool)
+    kept = dt.verify_inputs(tree, roots, prefix, mask_out=buffer)
+    assert kept.tree_mask is buffer
+    assert torch.equal(buffer[:numel], exact.tree_mask) and buffer[numel:].all()
+    assert torch.equal(kept.input_ids, exact.input_ids)
+    assert torch.equal(kept.positions, exact.positions)
+    buffer.fill_(True)
+    cleared = dt.verify_inputs(tree, roots, prefix, mask_out=buffer, mask_numel=numel + 10)
+    assert torch.equal(cleared.tree_mask[:numel], exact.tree_mask)
+    assert not buffer[numel : numel + 10].any() and buffer[numel + 10 :].all()
+
+
 # -------------------------------------------------------------------------------- walk
 
 

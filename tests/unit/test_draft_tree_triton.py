@@ -58,3 +58,35 @@ print("ok switches", switches)
 def test_triton_tree_switches_match_the_pytorch_path_under_the_interpreter():
     proc = run_interpreted(["-c", SWITCHES_CHECK], 900)
     assert proc.stdout.count("ok switches") == 1, proc.stdout
+
+
+# The verify-input kernel writing into a caller's buffer (``mask_out``, what a CUDA graph of
+# the verify inputs shares across batch sizes): the real entries equal the PyTorch path's,
+# the buffer's tail is kept unless ``mask_numel`` asks for it to be cleared.
+MASK_OUT_CHECK = """
+import torch
+from ddtree_cli import draft_tree as dt
+import tests.unit.triton_interpret_check  # its fix of Triton 3.6's interpreter
+
+gen = torch.Generator().manual_seed(7)
+tree = dt.build_tree(torch.randn(3, 15, 40, generator=gen) * 3, 15, use_triton=False)
+roots, prefix = torch.tensor([5, 6, 7]), torch.tensor([9, 0, 4])
+exact = dt.verify_inputs(tree, roots, prefix, use_triton=False)
+numel = exact.tree_mask.numel()
+buffer = torch.ones(numel + 100, dtype=torch.bool)
+got = dt.verify_inputs(tree, roots, prefix, mask_out=buffer, use_triton=True)
+assert got.tree_mask is buffer
+assert torch.equal(buffer[:numel], exact.tree_mask) and buffer[numel:].all()
+for name in ("input_ids", "positions", "mask_indptr"):
+    assert torch.equal(getattr(got, name), getattr(exact, name)), name
+buffer.fill_(True)
+dt.verify_inputs(tree, roots, prefix, mask_out=buffer, mask_numel=numel + 60, use_triton=True)
+assert torch.equal(buffer[:numel], exact.tree_mask)
+assert not buffer[numel : numel + 60].any() and buffer[numel + 60 :].all()
+print("ok mask_out")
+"""
+
+
+def test_triton_verify_inputs_into_a_buffer_under_the_interpreter():
+    proc = run_interpreted(["-c", MASK_OUT_CHECK], 300)
+    assert proc.stdout.count("ok mask_out") == 1, proc.stdout

@@ -39,9 +39,6 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_DDTREE_ROUND_GRAPHS"
-# The v2 worker's accept graphs (ddtree_accept_graphs_v2), captured with the round graphs
-# unless this is off.
-ACCEPT_ENV = "SGLANG_DDTREE_ACCEPT_GRAPHS"
 
 
 class RoundGraphsError(RuntimeError):
@@ -58,7 +55,7 @@ def round_graphs_requested(
     """Whether to capture the round graphs: ``SGLANG_DDTREE_ROUND_GRAPHS`` on (1, true, yes,
     on) or off (0, false, no, off); unset or empty, ``default`` (the worker's; both
     layouts' are on). Anything else keeps the default, with a warning. ``env`` and ``what``
-    ask the same of another switch (``ACCEPT_ENV``: the v2 worker's accept graphs)."""
+    ask the same of another switch (the v2 worker's step graphs, ``ddtree_step_graphs_v2``)."""
     value = os.environ.get(env, "").strip().lower()
     if value in ON:
         return True

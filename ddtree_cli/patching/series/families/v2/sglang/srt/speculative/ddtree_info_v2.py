@@ -35,13 +35,33 @@ class DDTreeVerifyInputV2(DFlashVerifyInput):
     ) -> "DDTreeVerifyInputV2":
         """``prefix_lens_cpu``: the same lengths on the host (``tree_verify_inputs``)."""
         inputs = tree_verify_inputs(tree, root_tokens, prefix_lens, prefix_lens_cpu)
+        return cls.from_inputs(
+            inputs.input_ids,
+            inputs.positions,
+            inputs.tree_mask,
+            int(tree.num_slots),
+            kv_loc_plan=kv_loc_plan,
+        )
+
+    @classmethod
+    def from_inputs(
+        cls,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor,
+        num_slots: int,
+        *,
+        kv_loc_plan=None,
+    ) -> "DDTreeVerifyInputV2":
+        """From built inputs: ``input_ids`` and ``positions`` ``[b, N]``, the flat mask
+        (``ddtree_tree.verify_inputs``, or a verify graph's, ``ddtree_step_graphs_v2``)."""
         # The KV index plan exists from 0.5.22 on; earlier releases have no such field.
         plan = {} if kv_loc_plan is None else {"kv_loc_plan": kv_loc_plan}
         return cls(
-            draft_token=inputs.input_ids.reshape(-1),
-            positions=inputs.positions.reshape(-1),
-            draft_token_num=int(tree.num_slots),
-            custom_mask=inputs.tree_mask,
+            draft_token=input_ids.reshape(-1),
+            positions=positions.reshape(-1),
+            draft_token_num=int(num_slots),
+            custom_mask=tree_mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             **plan,
         )

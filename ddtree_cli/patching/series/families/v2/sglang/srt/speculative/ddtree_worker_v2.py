@@ -27,11 +27,13 @@ off) it first captures the draft head and the tree build per batch size
 both from Python, as the v1 worker does (the capture before the warm-up: each capture
 empties PyTorch's allocator caches). On an H100 with 0.5.17 and the trained pair the graph
 server's rounds replayed every round and were faster than the eager server's
-(docs/validation.md, the seventeenth GPU run). With them it captures the accept (walk,
-commit, KV move: ``_accept``) per round-graph batch size (``ddtree_accept_graphs_v2``;
-``SGLANG_DDTREE_ACCEPT_GRAPHS=0`` turns it off), which a round that replayed a round graph
-replays in ``_accept_block`` (the twentieth GPU run: every round, the accept's host time
-DFLASH's).
+(docs/validation.md, the seventeenth GPU run). With them it captures, per round-graph
+batch size, the accept (walk, commit, KV move: ``_accept``; ``SGLANG_DDTREE_ACCEPT_GRAPHS=0``
+turns it off) and, with ``SGLANG_DDTREE_VERIFY_GRAPHS=1``, the verify inputs (into one mask
+buffer sized by the KV pool), which a round that replayed a round graph replays in
+``_make_verify_input`` and ``_accept_block`` (``ddtree_step_graphs_v2``; the twentieth GPU
+run: every round replayed the accept, whose host time became DFLASH's; the verify inputs'
+graphs have not run on a GPU yet).
 
 Every decode round's host time is recorded (``forward_batch_generation``, into
 ``ddtree_round_timing.RoundTiming``) per batch bucket (``ddtree_budget_policy.batch_bucket``)
@@ -67,11 +69,9 @@ from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
-from sglang.srt.speculative.ddtree_accept_graphs_v2 import AcceptGraphs, AcceptOutputs
 from sglang.srt.speculative.ddtree_commit_v2 import commit_round
 from sglang.srt.speculative.ddtree_info_v2 import DDTreeVerifyInputV2
 from sglang.srt.speculative.ddtree_round_graphs import (
-    ACCEPT_ENV,
     DraftRoundGraphs,
     RoundGraphsError,
     capture_round_graphs,
@@ -80,6 +80,7 @@ from sglang.srt.speculative.ddtree_round_graphs import (
     warm_rounds,
 )
 from sglang.srt.speculative.ddtree_round_timing import RoundTiming
+from sglang.srt.speculative.ddtree_step_graphs_v2 import ACCEPT_ENV, VERIFY_ENV, StepGraphs
 from sglang.srt.speculative.ddtree_utils import (
     check_ddtree_algorithm,
     draft_topk_logprobs,
@@ -122,10 +123,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     # for (a round with another head runs eagerly).
     _round_graphs: Optional[DraftRoundGraphs] = None
     _round_graphs_head = None
-    # The accept (walk, commit, KV move) per round-graph batch size, captured with the
-    # round graphs unless SGLANG_DDTREE_ACCEPT_GRAPHS is off; and the batch size of the
-    # round graph this round replayed (None: it ran eagerly, and so does its accept).
-    _accept_graphs: Optional[AcceptGraphs] = None
+    # Per round-graph batch size, captured with the round graphs: the accept (walk, commit,
+    # KV move) unless SGLANG_DDTREE_ACCEPT_GRAPHS is off, the verify inputs (into one mask
+    # buffer) if SGLANG_DDTREE_VERIFY_GRAPHS is on; and the batch size of the round graph
+    # this round replayed (None: it ran eagerly, and so do its verify inputs and accept).
+    _accept_graphs: Optional[StepGraphs] = None
+    _verify_graphs: Optional[StepGraphs] = None
+    _verify_mask: Optional[torch.Tensor] = None
     _round_size: Optional[int] = None
     # The decode round's host seconds in _draft_next_tokens and _make_verify_input. A class
     # default, so that it reads 0.0 before then (DFlashWorkerV2 forwards unknown attributes).
@@ -209,6 +213,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             state["speculative_ddtree_round_graphs"] = self._round_graphs.snapshot()
         if self._accept_graphs is not None:
             state["speculative_ddtree_accept_graphs"] = self._accept_graphs.snapshot()
+        if self._verify_graphs is not None:
+            state["speculative_ddtree_verify_graphs"] = self._verify_graphs.snapshot()
         return state
 
     def _drafter_block_size_arg(self) -> int:
@@ -264,8 +270,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             # the warm-up runs last and serving starts with its blocks cached.
             if round_graphs_requested(self.ROUND_GRAPHS_DEFAULT):
                 self._round_graphs = self._capture_round_graphs(tp_group)
-            if self._round_graphs is not None and round_graphs_requested(True, ACCEPT_ENV, "accept graphs"):
-                self._accept_graphs = self._capture_accept_graphs(tp_group)
+            if self._round_graphs is not None:
+                self._capture_step_graphs(tp_group)
             self._warm_eager_kernels(tp_group)
 
     def _draft_head_context(self):
@@ -334,35 +340,45 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._round_graphs_head = lm_head if graphs is not None else None
         return graphs
 
-    def _capture_accept_graphs(self, tp_group) -> Optional[AcceptGraphs]:
-        """The accept (``_accept``) per round-graph batch size, on the round graphs' tree
-        buffers (``ddtree_accept_graphs_v2``); None (and a warning) when a capture fails:
-        the rounds then accept eagerly."""
+    def _capture_step_graphs(self, tp_group) -> None:
+        """The accept (unless ``SGLANG_DDTREE_ACCEPT_GRAPHS`` is off) and the verify inputs
+        (if ``SGLANG_DDTREE_VERIFY_GRAPHS`` is on) per round-graph batch size, on the round
+        graphs' tree buffers (``ddtree_step_graphs_v2``); a step whose capture fails is left
+        eager (with a warning)."""
         import torch
 
-        started = time.perf_counter()
-        graphs = AcceptGraphs(
-            self._accept,
-            width=self.verify_width,
-            device=self.target_worker.model_runner.device,
-        )
+        d, device = self.verify_width, self.target_worker.model_runner.device
         trees = self._round_graphs.captured_trees(self.topk, self.budget)
-        try:
-            with torch.no_grad():
-                graphs.capture(trees)
-        except (RoundGraphsError, RuntimeError) as exc:
-            if _rank0(tp_group):
-                logger.warning("DDTREE accept graphs not used: %s", exc)
-            return None
-        if _rank0(tp_group):
-            logger.info(
-                "DDTREE accept graphs: %d captured (walk + commit + KV move; batch sizes "
-                "%s) in %.1f s",
-                graphs.snapshot()["graphs"],
-                graphs.snapshot()["sizes"],
-                time.perf_counter() - started,
+        if round_graphs_requested(True, ACCEPT_ENV, "accept graphs"):
+            # inputs: the target's token per node, the window's KV slots, the prefix
+            accept = StepGraphs(
+                lambda tree, target, locs, prefix: self._accept(
+                    tree, target, prefix, locs.reshape(-1)
+                ),
+                name="accept", row_widths=(d, d, 1), slots=2, device=device,
+            )  # fmt: skip
+            self._accept_graphs = _captured(accept, trees, tp_group, "walk + commit + KV move")
+        if round_graphs_requested(False, VERIFY_ENV, "verify-input graphs"):
+            # One mask for every size, as large as the KV pool allows the prefixes to be
+            # (a round whose prefixes share cached tokens past that runs eagerly).
+            pool = int(getattr(self.target_worker.model_runner, "max_total_num_tokens", 0) or 0)
+            most = max((size for size, _ in trees), default=0)
+            self._verify_mask = torch.empty(
+                (d * pool + most * d * d,), dtype=torch.bool, device=device
             )
-        return graphs
+            # inputs: the root (the previous bonus token), the prefix
+            verify = StepGraphs(
+                self._verify_step, name="verify inputs", row_widths=(1, 1), slots=1,
+                device=device,
+            )  # fmt: skip
+            self._verify_graphs = _captured(verify, trees, tp_group, "tokens, positions, mask")
+            if self._verify_graphs is None:
+                self._verify_mask = None
+
+    def _verify_step(self, tree, roots, prefix):
+        """The verify inputs as a graph builds them: the mask into the shared buffer."""
+        inputs = ddtree_tree.verify_inputs(tree, roots, prefix, mask_out=self._verify_mask)
+        return inputs.input_ids, inputs.positions
 
     def _maybe_build_draft_sampler(self):
         # The top-K head runs eagerly after the (graph-replayed) draft forward; the
@@ -405,7 +421,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._verify_batch = batch
         # Without a synchronisation: the batch's host lengths are the committed prefix
         # (prepare_for_decode seeds them; no overlap scheduler under DDTREE).
-        self._verify_input = DDTreeVerifyInputV2.from_tree(
+        self._verify_input = self._replayed_verify_input(
+            draft_tokens[:, 0], prefix_lens, batch.seq_lens_cpu, kv_loc_plan
+        ) or DDTreeVerifyInputV2.from_tree(
             self._tree,
             root_tokens=draft_tokens[:, 0],
             prefix_lens=prefix_lens,
@@ -414,6 +432,29 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         self._build_s += time.perf_counter() - t0
         return self._verify_input
+
+    def _replayed_verify_input(
+        self, roots, prefix_lens, prefix_lens_cpu, kv_loc_plan
+    ) -> Optional[DDTreeVerifyInputV2]:
+        """The verify input from the verify graph of the round graph's size, None where
+        there is none (no graphs, an eager round, no host lengths) or the mask would not
+        fit the shared buffer (the rows past the batch write an empty prefix's mask after
+        the real one)."""
+        graphs, size = self._verify_graphs, self._round_size
+        if graphs is None:
+            return None
+        if size is not None and prefix_lens_cpu is not None:
+            n, bs = self.verify_width, int(prefix_lens_cpu.shape[0])
+            numel = n * int(prefix_lens_cpu.sum()) + bs * n * n
+            if numel + (size - bs) * n * n <= self._verify_mask.numel():
+                out = graphs(size, (roots, prefix_lens))  # None: counted eager there
+                if out is None:
+                    return None
+                return DDTreeVerifyInputV2.from_inputs(
+                    *out, self._verify_mask[:numel], n, kv_loc_plan=kv_loc_plan
+                )
+        graphs.eager += 1
+        return None
 
     def _target_tokens_per_node(
         self, next_token_logits: torch.Tensor, sampling_info, bs: int
@@ -448,7 +489,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         node at temperature > 0), move the accepted path's KV to the front of its verify
         window and return what DFlash's accept returns (``_accept``): replayed from the
         accept graph of the round graph's batch size where there is one
-        (``ddtree_accept_graphs_v2``), else three launches from Python."""
+        (``ddtree_step_graphs_v2``), else three launches from Python."""
         tree, batch = self._tree, self._verify_batch
         # d: tree slots per request in the verify.
         d = self.verify_width
@@ -463,21 +504,25 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # The KV moves' targets lead each request's verify window (batch.out_cache_loc),
         # as in SGLang's own move_accept_tokens_to_target_kvcache.
         locs = batch.out_cache_loc
-        graphs = self._accept_graphs
-        out = None if graphs is None else graphs(self._round_size, target, prefix_lens, locs)
+        graphs, out = self._accept_graphs, None
+        if graphs is not None and locs.numel() == bs * d:
+            out = graphs(self._round_size, (target, locs.reshape(bs, d), prefix_lens))
         if out is None:
             out = self._accept(tree, target, prefix_lens, locs)
-        num_correct, commit_lens, bonus, out_tokens, new_seq_lens, self._accept_rows = out
+        num_correct, commit_lens, bonus, out_tokens, new_seq_lens, rows = out
+        self._accept_rows = rows.reshape(-1)
         return num_correct, commit_lens, bonus, out_tokens, new_seq_lens
 
-    def _accept(self, tree, target, prefix_lens, locs) -> AcceptOutputs:
+    def _accept(self, tree, target, prefix_lens, locs) -> tuple:
         """The walk (``ddtree_tree``: path, length, bonus and the rows that compact the
         path), the commit (``ddtree_commit_v2``: tokens, lengths and the KV moves) and the
         KV pool's move: three launches on a GPU, captured as they are by the accept graphs.
-        The emitted tokens are laid out with stride block_size as the scheduler reads them
-        (the walk's path is block_size wide: the tree is at most block_size - 1 deep); the
-        hidden rows for the draft KV ([bs, block_size] rows out of the [bs, d] verify) are
-        the accepted path first, the window's own rows after it (never committed)."""
+        Returns the matched drafts, committed lengths, bonus tokens, emitted tokens, new
+        sequence lengths and hidden rows, each with the batch first. The emitted tokens are
+        laid out with stride block_size as the scheduler reads them (the walk's path is
+        block_size wide: the tree is at most block_size - 1 deep); the hidden rows for the
+        draft KV ([bs, block_size] rows of the flat [bs * d] verify) are the accepted path
+        first, the window's own rows after it (never committed)."""
         walk = ddtree_tree.verify_walk(tree, target)
         commit = commit_round(walk, target, prefix_lens, locs)
         self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache().move_kv_cache(
@@ -489,7 +534,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             walk.bonus,
             commit.out_tokens,
             commit.new_seq_lens,
-            commit.hidden_rows,
+            commit.hidden_rows.view(target.shape[0], -1),
         )
 
     def _committed_target_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -500,6 +545,31 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if rows is None:
             return hidden
         return hidden.reshape(-1, hidden.shape[-1])[rows]
+
+
+def _captured(graphs: StepGraphs, trees, tp_group, what: str) -> Optional[StepGraphs]:
+    """``graphs`` captured on the round graphs' ``trees``, logged; None (and a warning)
+    when a capture fails."""
+    import torch
+
+    started = time.perf_counter()
+    try:
+        with torch.no_grad():
+            graphs.capture(trees)
+    except (RoundGraphsError, RuntimeError) as exc:
+        if _rank0(tp_group):
+            logger.warning("DDTREE %s graphs not used: %s", graphs.name, exc)
+        return None
+    if _rank0(tp_group):
+        logger.info(
+            "DDTREE %s graphs: %d captured (%s; batch sizes %s) in %.1f s",
+            graphs.name,
+            graphs.snapshot()["graphs"],
+            what,
+            graphs.snapshot()["sizes"],
+            time.perf_counter() - started,
+        )
+    return graphs
 
 
 def _rank0(tp_group) -> bool:
