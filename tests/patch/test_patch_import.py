@@ -182,6 +182,8 @@ def test_round_graphs_replay_the_round_of_the_next_captured_size(probe):
     )
     assert failed["snapshot"]["graphs"] == 0 and failed["snapshot"]["eager_rounds"] == 1
     assert failed["equal"]
+    # A captured graph is replayed once: its outputs hold a real round before any round runs.
+    assert graphs["valid_after_capture"] is True
     # SGLANG_DDTREE_ROUND_GRAPHS: on or off in any case and spacing, else the default
     # (with a warning); the v1 worker's default is on, the v2 workers' off.
     switch = graphs["switch"]

@@ -163,6 +163,11 @@ class DraftRoundGraphs:
             try:
                 fn()
                 replay, out = self._capture(fn, self._pool)
+                # A captured graph's outputs hold nothing until it runs: one replay, so
+                # that its tree is a real one before any round (the v2 worker's step
+                # graphs are captured on these buffers and run once when captured; a
+                # walk over uninitialised parents reads out of bounds).
+                replay()
             except Exception as exc:
                 self._graphs.clear()
                 raise RoundGraphsError(

@@ -21,8 +21,9 @@ eager commit's rows past the accepted path do; for the verify inputs: an empty p
 outputs are the graph's buffers cut to ``bs`` rows. ``slots`` graphs per size are replayed in
 turn, so that a round's outputs stay valid while the next round runs (the accept: its
 committed lengths become the next round's prefix, as DFlash's double-buffered accept outputs
-do). A round that did not replay a round graph, or whose inputs have another dtype or
-shape, runs the step eagerly.
+do; each slot's graphs have a memory pool of their own, so that replaying one slot's graph
+cannot write over the other's outputs). A round that did not replay a round graph, or whose
+inputs have another dtype or shape, runs the step eagerly.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 from sglang.srt.speculative.ddtree_round_graphs import RoundGraphsError, cuda_capture, cuda_pool
 
 # The v2 worker's switches (with the round graphs only): the accept's graphs on unless this
-# is off, the verify inputs' off unless this is on (not yet run on a GPU).
+# is off, the verify inputs' off unless this is on (not yet run in a server on a GPU).
 ACCEPT_ENV = "SGLANG_DDTREE_ACCEPT_GRAPHS"
 VERIFY_ENV = "SGLANG_DDTREE_VERIFY_GRAPHS"
 
@@ -60,7 +61,10 @@ class StepGraphs:
         self.slots = int(slots)
         self.device = device
         self._capture = capture_fn or cuda_capture
-        self._pool = (pool_fn or cuda_pool)()
+        # One memory pool per slot: graphs that share a pool may place one graph's outputs
+        # where another's intermediates are written on replay, and a round's outputs must
+        # outlive the next round's replay (of the other slot).
+        self._pools = [(pool_fn or cuda_pool)() for _ in range(self.slots)]
         # (size, slot) -> (the inputs' views, the whole input buffer, replay, outputs)
         self._graphs: Dict[Tuple[int, int], Tuple[list, Any, Callable, Any]] = {}
         self._slot = 0
@@ -100,7 +104,7 @@ class StepGraphs:
 
                 try:
                     step()
-                    replay, out = self._capture(step, self._pool)
+                    replay, out = self._capture(step, self._pools[slot])
                 except Exception as exc:
                     self._graphs.clear()
                     raise RoundGraphsError(

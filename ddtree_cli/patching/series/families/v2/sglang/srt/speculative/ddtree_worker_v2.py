@@ -33,7 +33,7 @@ turns it off) and, with ``SGLANG_DDTREE_VERIFY_GRAPHS=1``, the verify inputs (in
 buffer sized by the KV pool), which a round that replayed a round graph replays in
 ``_make_verify_input`` and ``_accept_block`` (``ddtree_step_graphs_v2``; the twentieth GPU
 run: every round replayed the accept, whose host time became DFLASH's; the verify inputs'
-graphs have not run on a GPU yet).
+graphs have run on a GPU only outside SGLang, benchmarks/step_graphs_gpu.py).
 
 Every decode round's host time is recorded (``forward_batch_generation``, into
 ``ddtree_round_timing.RoundTiming``) per batch bucket (``ddtree_budget_policy.batch_bucket``)
