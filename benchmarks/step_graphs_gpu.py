@@ -61,21 +61,15 @@ def load_v2_modules():
     return out
 
 
-def accept_fn(dt, commit_round, kv):
-    """The worker's ``_accept`` with the KV stand-in ``kv`` as the pool."""
+def accept_fn(commit_mod, kv):
+    """The worker's ``_accept`` (``ddtree_commit_v2.accept_round``) with the KV stand-in
+    ``kv`` as the pool."""
+
+    def move(targets, sources):
+        kv[targets] = kv[sources]
 
     def accept(tree, target, prefix, locs):
-        walk = dt.verify_walk(tree, target)
-        commit = commit_round(walk, target, prefix, locs)
-        kv[commit.kv_targets] = kv[commit.kv_sources]
-        return (
-            commit.num_correct,
-            commit.commit_lens,
-            walk.bonus,
-            commit.out_tokens,
-            commit.new_seq_lens,
-            commit.hidden_rows.view(target.shape[0], -1),
-        )
+        return commit_mod.accept_round(tree, target, prefix, locs, move)
 
     return accept
 
@@ -124,8 +118,8 @@ def main() -> int:
 
         kv_eager = torch.randn((slots, SLOT_BYTES), device=dev)
         kv_graph = kv_eager.clone()
-        accept_eager = accept_fn(dt, commit_mod.commit_round, kv_eager)
-        accept_graph = accept_fn(dt, commit_mod.commit_round, kv_graph)
+        accept_eager = accept_fn(commit_mod, kv_eager)
+        accept_graph = accept_fn(commit_mod, kv_graph)
         with torch.no_grad():
             t0 = time.perf_counter()
             vg = steps.StepGraphs(verify_step, name="verify inputs", row_widths=(1, 1),

@@ -89,6 +89,25 @@ def commit_round(
     )
 
 
+def accept_round(tree, target: torch.Tensor, prefix_lens: torch.Tensor, locs: torch.Tensor,
+                 move) -> tuple:  # fmt: skip
+    """A v2 round's accept: the walk (``ddtree_tree.verify_walk``), ``commit_round`` and
+    ``move(kv_targets, kv_sources)`` (the KV pool's ``move_kv_cache``). Returns the matched
+    drafts, committed lengths, bonus tokens, emitted tokens, new sequence lengths and hidden
+    rows (``[b, W]``), each with the batch first (what the step graphs cut to a batch)."""
+    walk = ddtree_tree.verify_walk(tree, target)
+    commit = commit_round(walk, target, prefix_lens, locs)
+    move(commit.kv_targets, commit.kv_sources)
+    return (
+        commit.num_correct,
+        commit.commit_lens,
+        walk.bonus,
+        commit.out_tokens,
+        commit.new_seq_lens,
+        commit.hidden_rows.view(target.shape[0], -1),
+    )
+
+
 def _triton_commit(walk, comp, target, prefix_lens, window_locs, b, n, width) -> RoundCommit:
     dev = target.device
     out = RoundCommit(

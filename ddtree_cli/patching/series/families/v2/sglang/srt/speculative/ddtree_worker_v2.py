@@ -69,7 +69,7 @@ from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
-from sglang.srt.speculative.ddtree_commit_v2 import commit_round
+from sglang.srt.speculative.ddtree_commit_v2 import accept_round
 from sglang.srt.speculative.ddtree_info_v2 import DDTreeVerifyInputV2
 from sglang.srt.speculative.ddtree_round_graphs import (
     DraftRoundGraphs,
@@ -514,28 +514,16 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         return num_correct, commit_lens, bonus, out_tokens, new_seq_lens
 
     def _accept(self, tree, target, prefix_lens, locs) -> tuple:
-        """The walk (``ddtree_tree``: path, length, bonus and the rows that compact the
-        path), the commit (``ddtree_commit_v2``: tokens, lengths and the KV moves) and the
-        KV pool's move: three launches on a GPU, captured as they are by the accept graphs.
-        Returns the matched drafts, committed lengths, bonus tokens, emitted tokens, new
-        sequence lengths and hidden rows, each with the batch first. The emitted tokens are
+        """``ddtree_commit_v2.accept_round`` into the target's KV pool: the walk
+        (``ddtree_tree``: path, length, bonus and the rows that compact the path), the commit
+        (tokens, lengths and the KV moves) and the pool's move: three launches on a GPU,
+        captured as they are by the accept graphs. The emitted tokens are
         laid out with stride block_size as the scheduler reads them (the walk's path is
         block_size wide: the tree is at most block_size - 1 deep); the hidden rows for the
         draft KV ([bs, block_size] rows of the flat [bs * d] verify) are the accepted path
         first, the window's own rows after it (never committed)."""
-        walk = ddtree_tree.verify_walk(tree, target)
-        commit = commit_round(walk, target, prefix_lens, locs)
-        self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache().move_kv_cache(
-            commit.kv_targets, commit.kv_sources
-        )
-        return (
-            commit.num_correct,
-            commit.commit_lens,
-            walk.bonus,
-            commit.out_tokens,
-            commit.new_seq_lens,
-            commit.hidden_rows.view(target.shape[0], -1),
-        )
+        pool = self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache()
+        return accept_round(tree, target, prefix_lens, locs, pool.move_kv_cache)
 
     def _committed_target_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         rows, self._accept_rows = self._accept_rows, None
