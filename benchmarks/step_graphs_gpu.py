@@ -20,7 +20,13 @@ the mask up to its real size, the accept's outputs and the KV after the move), a
 that a graph of a larger size serves too. Timing as ``round_graphs_gpu.py``: ``host_us`` is
 the Python time to issue the step while the GPU is busy, ``gpu_us`` its device time alone.
 
+With two budgets in one process (one set of round graphs, one memory pool, as a worker
+holds them) the accept's capture hit an illegal memory access in the tree walk on an H100
+(2026-12-06, docs/performance.md); ``--pool-per-budget`` captures each budget's round graphs
+on their own, to tell whether the shared pool is the cause.
+
 Usage: python benchmarks/step_graphs_gpu.py [--batches 1,3,8,32] [--budgets 15,64] [--json F]
+       [--pool-per-budget]
 """
 
 # The timed closures run within their own loop iteration.
@@ -81,6 +87,8 @@ def main() -> int:
     ap.add_argument("--capture-sizes", default="1,2,4,8,16,32")
     ap.add_argument("--prefix", default="100,2000", help="prefix lengths drawn from LO,HI")
     ap.add_argument("--pool", type=int, default=80000, help="KV pool tokens (mask buffer)")
+    ap.add_argument("--pool-per-budget", action="store_true",
+                    help="capture each budget's round graphs in a memory pool of its own")  # fmt: skip
     rgg.add_head_args(ap)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", type=Path)
@@ -97,18 +105,25 @@ def main() -> int:
     lo, hi = (int(x) for x in args.prefix.split(","))
     rg.warm_rounds(head, None, None, sizes=sizes, budgets=budgets, n_pos=args.positions,
                    device=dev)  # fmt: skip
-    graphs = rg.capture_round_graphs(
-        head, None, sizes=sizes, pairs=[(b, b) for b in budgets], n_pos=args.positions,
-        device=dev,
-    )  # fmt: skip
-    if graphs is None:
-        print("round graphs not captured (see the warning above)", file=sys.stderr)
-        return 1
+    # One set of round graphs (one memory pool) for every budget, as a v1 worker under
+    # `auto` holds them; --pool-per-budget: one set per budget (a v2 server has one budget).
+    groups = [[b] for b in budgets] if args.pool_per_budget else [budgets]
+    round_graphs = {}
+    for group in groups:
+        graphs = rg.capture_round_graphs(
+            head, None, sizes=sizes, pairs=[(b, b) for b in group], n_pos=args.positions,
+            device=dev,
+        )  # fmt: skip
+        if graphs is None:
+            print("round graphs not captured (see the warning above)", file=sys.stderr)
+            return 1
+        round_graphs.update(dict.fromkeys(group, graphs))
     slots = 1 + max(batches) * (max(budgets) + 1) + 1024
     gen = torch.Generator().manual_seed(1)
     rows, meta = [], {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     for budget in budgets:
         d = budget + 1
+        graphs = round_graphs[budget]
         trees = graphs.captured_trees(budget, budget)
         mask = torch.empty((d * args.pool + max(sizes) * d * d,), dtype=torch.bool, device=dev)
 

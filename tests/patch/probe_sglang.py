@@ -1443,6 +1443,7 @@ if V2:
     def step_round(worker, r, bs, draft_hidden, window, prefix):
         """One round's build, verify input and accept as DFlash's round calls them."""
         drafts = worker._draft_next_tokens(draft_hidden=draft_hidden, lm_head=head, bs=bs)
+        size = worker._round_size  # the round graph's size (None: eager), until the round ends
         roots = torch.arange(bs, dtype=torch.int64) + 7 * r
         block = torch.cat([roots.view(bs, 1), drafts], dim=1)
         batch = types.SimpleNamespace(seq_lens_cpu=prefix.clone(), out_cache_loc=window.clone())
@@ -1469,7 +1470,7 @@ if V2:
         )  # fmt: skip
         rows = worker._accept_rows
         worker._committed_target_hidden(torch.zeros(bs * 16, 2))
-        return verify, [*got, rows]
+        return size, verify, [*got, rows], worker._round_size
 
     def step_graphs_case() -> dict:
         graphed, kv_graphed = step_worker(True)
@@ -1483,12 +1484,13 @@ if V2:
             draft_hidden = torch.randn(bs, 16, 16, generator=gen) * 3
             window = torch.arange(100 + 100 * r, 100 + 100 * r + bs * 16, dtype=torch.int64)
             prefix = torch.randint(most - 50, most, (bs,), generator=gen)
-            (v_graph, graph_out), (v_eager, eager_out) = (
+            (size, v_graph, graph_out, after), (_, v_eager, eager_out, _) = (
                 step_round(w, r, bs, draft_hidden, window, prefix) for w in (graphed, eager)
             )
             rounds.append({
                 "bs": bs,
-                "size": graphed._round_size,
+                "size": size,
+                "size_after": after,
                 "verify_equal": all(
                     torch.equal(a, b) for a, b in zip(v_graph, v_eager, strict=True)),
                 "rows": [int(t.shape[0]) for t in graph_out],

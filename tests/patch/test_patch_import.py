@@ -516,6 +516,7 @@ def test_v2_step_graphs_replay_what_the_eager_steps_do(probe):
     ]  # fmt: skip
     for r in graphs["rounds"]:
         assert r["verify_equal"] and r["equal"] and r["kv_equal"] and r["targets_equal"], r
+        assert r["size_after"] is None  # a round's end forgets its round graph's size
         assert r["rows"] == [r["bs"]] * 5 + [r["bs"] * 16], r
     assert all(r["moved"] > 0 for r in graphs["rounds"])  # the walks accepted some paths
     assert [r.get("kept") for r in graphs["rounds"]] == [True] * 5 + [None]

@@ -527,7 +527,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def _committed_target_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         rows, self._accept_rows = self._accept_rows, None
-        self._tree = None
+        self._tree, self._round_size = None, None
         self._verify_batch = None
         self._verify_input = None
         if rows is None:
