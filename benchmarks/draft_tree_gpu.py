@@ -395,7 +395,7 @@ def main() -> int:
         "--tune",
         action="store_true",
         help="first pick the kernels' warp divisors and switches (tree_rise, tree_narrow,"
-        " tree_tile, tree_rank: the tree stage; pdl: the whole round) at batch 1 and 32,"
+        " the tree stage; pdl: the whole round) at batch 1 and 32,"
         " budget 64 (graph), on the --logits kind",
     )
     ap.add_argument(
@@ -521,7 +521,6 @@ def tune(args, dev, gen) -> None:
         ("tree_div",): (128, 256, 512, 1024),
         ("row_div",): (64, 32, 128),
         ("tree_rise", "tree_narrow"): ((0, 0), (1, 0), (0, 1), (1, 1)),
-        ("tree_tile", "tree_rank"): ((0, 0), (1, 0), (0, 1), (1, 1)),
         ("pdl",): (0, 1),  # timed on the whole round: it acts between the kernels
     }
     cells = []

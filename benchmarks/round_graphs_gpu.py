@@ -48,6 +48,21 @@ from ddtree_cli import draft_tree as dt  # noqa: E402
 SERIES = ROOT / "ddtree_cli/patching/series/families/common/sglang/srt/speculative"
 
 
+def load_series(folder: Path, stems) -> list:
+    """Modules of the patch series from ``folder`` as ``sglang.srt.speculative.<stem>``, in
+    order (a later one may import an earlier one)."""
+    out = []
+    for stem in stems:
+        spec = importlib.util.spec_from_file_location(
+            f"sglang.srt.speculative.{stem}", folder / f"{stem}.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        out.append(module)
+    return out
+
+
 def load_patch_modules():
     """The series' ddtree_utils and ddtree_round_graphs, with ``sglang.srt.speculative``
     holding ``ddtree_tree`` (= ddtree_cli.draft_tree) so their imports resolve."""
@@ -55,16 +70,7 @@ def load_patch_modules():
         sys.modules.setdefault(name, types.ModuleType(name))
     sys.modules["sglang.srt.speculative"].ddtree_tree = dt
     sys.modules["sglang.srt.speculative.ddtree_tree"] = dt
-    out = []
-    for stem in ("ddtree_utils", "ddtree_round_graphs"):
-        spec = importlib.util.spec_from_file_location(
-            f"sglang.srt.speculative.{stem}", SERIES / f"{stem}.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # ddtree_round_graphs imports ddtree_utils
-        spec.loader.exec_module(module)
-        out.append(module)
-    return out
+    return load_series(SERIES, ("ddtree_utils", "ddtree_round_graphs"))
 
 
 def lm_head(vocab: int, hidden: int, dev) -> types.SimpleNamespace:

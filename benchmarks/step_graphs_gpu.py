@@ -35,7 +35,6 @@ Usage: python benchmarks/step_graphs_gpu.py [--batches 1,3,8,32] [--budgets 15,6
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -55,16 +54,7 @@ SLOT_BYTES = 256  # the KV stand-in's row
 def load_v2_modules():
     """The series' ddtree_commit_v2 and ddtree_step_graphs_v2 (after round_graphs_gpu's
     loader has put ``sglang.srt.speculative`` and ``ddtree_round_graphs`` in place)."""
-    out = []
-    for stem in ("ddtree_commit_v2", "ddtree_step_graphs_v2"):
-        spec = importlib.util.spec_from_file_location(
-            f"sglang.srt.speculative.{stem}", V2 / f"{stem}.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        out.append(module)
-    return out
+    return rgg.load_series(V2, ("ddtree_commit_v2", "ddtree_step_graphs_v2"))
 
 
 def accept_fn(commit_mod, kv):

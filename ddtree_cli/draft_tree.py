@@ -707,12 +707,11 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 # depth BP lanes wide instead of CP when its candidates at or above the floor fit there.
 # Both need the floor, and --tune times both settings; on by default since the H200 run
 # (docs/performance.md): best or within 1 us of the best setting on every kind of row.
-# Three more, exact as well and off by default until a GPU run has timed them (--tune does):
-# `tree_tile` loads a request's log-probs into registers once, so the tree kernel's depth
-# loop reads no memory (a rank-0 shortcut depth no longer waits for a load); `tree_rank`
-# sorts a narrow depth's BP lanes by counting (two BP x BP comparisons) instead of a
-# bitonic network; `pdl` launches every kernel with programmatic dependent launch (Hopper
-# and later), so its start overlaps the previous kernel's end.
+# `pdl` launches every kernel with programmatic dependent launch (Hopper and later), so its
+# start overlaps the previous kernel's end: exact, 2-4 % faster in an H100 run of the tree
+# benchmark, off until a server has run with it (docs/performance.md). Two other switches
+# timed in that run (the log-probs held in registers, a counting sort) were slower on every
+# kind of row and were removed.
 _TUNING: dict[str, int] = {
     "tree_div": 128,
     "select_div": 512,
@@ -720,8 +719,6 @@ _TUNING: dict[str, int] = {
     "tree_exit": 1,
     "tree_rise": 1,
     "tree_narrow": 1,
-    "tree_tile": 0,
-    "tree_rank": 0,
     "pdl": 0,
 }
 
@@ -887,19 +884,7 @@ def _kernels():
         top = tl.topk(_tt_pack(score, pk), KP)
         return _tt_value(top), top
 
-    @triton.jit
-    def _tt_rank_sort(keys, N: tl.constexpr):
-        # `keys` (N of them, distinct, or -1 = none) sorted descending without a sorting
-        # network: each key's place is the number of larger keys (one N x N comparison), and
-        # place p takes the key whose place is p (a second one). The -1s are told apart by
-        # their lane first (below every real key), so the places are a permutation.
-        lane = tl.arange(0, N)
-        u = tl.where(keys >= 0, keys, -1 - lane.to(tl.int64))
-        place = tl.sum((u[None, :] > u[:, None]).to(tl.int32), 1)
-        out = tl.max(tl.where(place[:, None] == lane[None, :], u[:, None], -1), 0)
-        return tl.where(out >= 0, out, -1)
-
-    globals().update(_tt_select=_tt_select, _tt_rank_sort=_tt_rank_sort)
+    globals().update(_tt_select=_tt_select)
 
     @triton.jit
     def vocab_select(
@@ -949,7 +934,7 @@ def _kernels():
         n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
         LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
         D1: tl.constexpr, BOUND: tl.constexpr, RISE: tl.constexpr, NARROW: tl.constexpr,
-        TILE: tl.constexpr, RANK: tl.constexpr, PDL: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         if PDL:
             _tt_pdl_start()
@@ -975,21 +960,7 @@ def _kernels():
         pk = tl.load(cand + c, mask=cm, other=0)  # (parent position << 16) | rank
         ci = pk >> 16
         cr = pk & 0xFFFF
-        if TILE:
-            # All of the request's log-probs (k <= budget <= BP ranks by L positions) in
-            # registers, loaded once: the depth loop then reads no memory, and each depth's
-            # row (by rank) is one reduction over the positions (a max over one value and
-            # -inf: the value itself, bit for bit).
-            tp = tl.arange(0, LP)
-            tile = tl.load(
-                lp_r + tp[:, None] * k + j[None, :],
-                mask=(tp[:, None] < n_pos) & (j[None, :] < k),
-                other=float("-inf"),
-            )
-            y0s = tl.max(tl.where(j[None, :] == 0, tile, float("-inf")), 1)
-            y1s = tl.max(tl.where(j[None, :] == 1, tile, float("-inf")), 1)
-        else:
-            logp = tl.load(lp_r + D1 * k + cr, mask=cm, other=float("-inf"))
+        logp = tl.load(lp_r + D1 * k + cr, mask=cm, other=float("-inf"))
         if BOUND:
             # A floor under the final tree's scores, from chains: root child j followed by
             # rank 0 at each later position. The chains of root children 0..j cut at depths
@@ -1022,31 +993,24 @@ def _kernels():
         # Parent 0 of each depth is the best node of the depth above (the rank-0 chain), and
         # y0 / y1 are the position's two best log-probs, fetched a depth ahead.
         s0 = tl.load(lp_r)
-        if not TILE:
-            y0 = tl.load(lp_r + D1 * k)
-            y1 = tl.load(lp_r + D1 * k + 1, mask=k > 1, other=float("-inf"))
-            if NARROW:
-                # Position d's log-probs by rank (the narrow selection's columns), a depth
-                # ahead.
-                row = tl.load(lp_r + D1 * k + j, mask=j < k, other=float("-inf"))
+        y0 = tl.load(lp_r + D1 * k)
+        y1 = tl.load(lp_r + D1 * k + 1, mask=k > 1, other=float("-inf"))
+        if NARROW:
+            # Position d's log-probs by rank (the narrow selection's columns), a depth ahead.
+            row = tl.load(lp_r + D1 * k + j, mask=j < k, other=float("-inf"))
         if RISE:
             # Scores of distinct paths seen so far (A_1, then each sorted depth's A_d),
             # descending: its first `budget` lanes are the best `budget` of them.
             run = a
             rev = BP - 1 - j
         for d in range(1, d_end):
-            if TILE:
-                y0 = tl.max(tl.where(tp == d, y0s, float("-inf")), 0)
-                y1 = tl.max(tl.where(tp == d, y1s, float("-inf")), 0)
-            else:
-                # Prefetch the next depth's log-probs: they do not depend on this depth's
-                # result.
-                dn = tl.minimum(d + 1, n_pos - 1)
-                nxt = tl.load(lp_r + dn * k + cr, mask=cm, other=float("-inf"))
-                y0n = tl.load(lp_r + dn * k)
-                y1n = tl.load(lp_r + dn * k + 1, mask=k > 1, other=float("-inf"))
-                if NARROW:
-                    row_n = tl.load(lp_r + dn * k + j, mask=j < k, other=float("-inf"))
+            # Prefetch the next depth's log-probs: they do not depend on this depth's result.
+            dn = tl.minimum(d + 1, n_pos - 1)
+            nxt = tl.load(lp_r + dn * k + cr, mask=cm, other=float("-inf"))
+            y0n = tl.load(lp_r + dn * k)
+            y1n = tl.load(lp_r + dn * k + 1, mask=k > 1, other=float("-inf"))
+            if NARROW:
+                row_n = tl.load(lp_r + dn * k + j, mask=j < k, other=float("-inf"))
             if s0 + y1 < bound:
                 # Not even the best parent's second child reaches the bound: only rank-0
                 # children can enter the tree, and they keep their parents' order (the
@@ -1058,9 +1022,6 @@ def _kernels():
                 tl.store(s_r + d * budget + j, a, mask=jm)
                 tl.store(c_r + d * budget + j, j << 16, mask=jm)
             else:
-                if TILE:
-                    row = tl.max(tl.where(tp[:, None] == d, tile, float("-inf")), 0)
-                    logp = tl.gather(row, cr, 0)
                 if NARROW:
                     # Only candidates at or above the bound ("kept") can matter: an entry of
                     # A_d below it can never enter the tree, nor can its descendants (a
@@ -1088,11 +1049,7 @@ def _kernels():
                         g_score = tl.gather(a, gi, 0) + tl.gather(row, gr, 0)
                         g_ok = (j < n_par * n_rank) & ((gi + 1) * (gr + 2) <= budget) & (gr < k)
                         g_ok = g_ok & (g_score >= bound)
-                        g_key = tl.where(g_ok, _tt_pack(g_score, (gi << 16) | gr), -1)
-                        if RANK:  # noqa: SIM108 - a constexpr branch
-                            top = _tt_rank_sort(g_key, BP)
-                        else:
-                            top = tl.topk(g_key, BP)
+                        top = tl.topk(tl.where(g_ok, _tt_pack(g_score, (gi << 16) | gr), -1), BP)
                         a = tl.where(top >= 0, _tt_value(top), float("-inf"))
                     else:
                         a, top = _tt_select(a, ci, logp, pk, cm, BP)
@@ -1115,12 +1072,11 @@ def _kernels():
                     run_kth = tl.min(tl.where(jm, run, float("inf")), 0)
                     bound = tl.maximum(bound, run_kth)
             s0 = s0 + y0
-            if not TILE:
-                y0 = y0n
-                y1 = y1n
-                logp = nxt
-                if NARROW:
-                    row = row_n
+            y0 = y0n
+            y1 = y1n
+            logp = nxt
+            if NARROW:
+                row = row_n
         tl.debug_barrier()
         # The global top `budget` over all depths, ties by (depth, position).
         f = tl.arange(0, LBP)
@@ -1363,7 +1319,7 @@ def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
         NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), BOUND=bool(_TUNING["tree_exit"]),
         RISE=bool(_TUNING["tree_exit"] and _TUNING["tree_rise"]),
         NARROW=bool(_TUNING["tree_exit"] and _TUNING["tree_narrow"]),
-        TILE=bool(_TUNING["tree_tile"]), RANK=bool(_TUNING["tree_rank"]), num_warps=warps,
+        num_warps=warps,
         **_pdl(dev),
     )  # fmt: skip
     return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)

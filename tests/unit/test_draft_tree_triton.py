@@ -31,35 +31,6 @@ def test_triton_kernels_match_the_pytorch_path_under_the_interpreter():
     assert proc.stdout.count("ok ") == 28, proc.stdout
 
 
-# The tree kernel's switches that are off by default (`tree_tile`, `tree_rank`; `pdl` only
-# changes how kernels are launched on a GPU and is off under the interpreter): the same
-# checks as the default run, on the cases that reach their code (rows shaped like a
-# language model's, ties at the floor, a budget that is not a power of two, one position,
-# budget 1, a vocabulary below the budget, every tree-kernel branch).
-SWITCHES_CHECK = """
-from ddtree_cli import draft_tree as dt
-import tests.unit.triton_interpret_check as tic
-
-switches = dict(tree_tile=1, tree_rank=1)
-dt._TUNING.update(switches)
-tic.DEFAULTS.update(switches)  # what the checks restore after changing the floor rules
-tic.check_zipf(4, 15, 1500, 64, 200)
-tic.check_zipf(2, 15, 1500, 64, 201, ties=True, modes=tic.MODES[1:3], floors=(1,))
-tic.check_zipf(2, 15, 1500, 48, 200, modes=tic.MODES[1:3], floors=(1,))
-for i in (5, 6, 7, 8, 9):
-    case = tic.CASES[i]
-    tic.check(*case[:5], i, *case[5:])
-for j, case in enumerate(tic.TREE_CASES):
-    tic.check_tree(*case[:5], 100 + j, *case[5:], floors=(1,))
-print("ok switches", switches)
-"""
-
-
-def test_triton_tree_switches_match_the_pytorch_path_under_the_interpreter():
-    proc = run_interpreted(["-c", SWITCHES_CHECK], 900)
-    assert proc.stdout.count("ok switches") == 1, proc.stdout
-
-
 # The verify-input kernel writing into a caller's buffer (``mask_out``, what a CUDA graph of
 # the verify inputs shares across batch sizes): the real entries equal the PyTorch path's,
 # the buffer's tail is kept unless ``mask_numel`` asks for it to be cleared.

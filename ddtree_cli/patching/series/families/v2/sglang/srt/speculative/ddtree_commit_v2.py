@@ -43,7 +43,7 @@ class RoundCommit:
         new_seq_lens: ``[b]``, ``prefix_lens + accept_len`` in ``prefix_lens``' dtype.
         kv_targets: int64 ``[b * W]``, the KV slots the accepted path moves to (0 after it).
         kv_sources: int64 ``[b * W]``, the slots it moves from (0 after it).
-        hidden_rows: int64 ``[b * W]``, the verify's flat rows (``request * N + slot``) that
+        hidden_rows: int64 ``[b, W]``, the verify's flat rows (``request * N + slot``) that
             feed the draft KV: the accepted path first, the window's own rows after it
             (``ddtree_tree.compaction_indices``).
     """
@@ -85,7 +85,7 @@ def commit_round(
         new_seq_lens=prefix_lens + walk.accept_len.to(prefix_lens.dtype),
         kv_targets=torch.where(keep, locs[:, :width], 0).reshape(-1),
         kv_sources=torch.where(keep, locs.gather(1, comp.src_slots), 0).reshape(-1),
-        hidden_rows=comp.src_rows.reshape(-1),
+        hidden_rows=comp.src_rows,
     )
 
 
@@ -104,7 +104,7 @@ def accept_round(tree, target: torch.Tensor, prefix_lens: torch.Tensor, locs: to
         walk.bonus,
         commit.out_tokens,
         commit.new_seq_lens,
-        commit.hidden_rows.view(target.shape[0], -1),
+        commit.hidden_rows,
     )
 
 
@@ -117,7 +117,7 @@ def _triton_commit(walk, comp, target, prefix_lens, window_locs, b, n, width) ->
         new_seq_lens=torch.empty_like(prefix_lens),
         kv_targets=torch.empty((b * width,), dtype=torch.int64, device=dev),
         kv_sources=torch.empty((b * width,), dtype=torch.int64, device=dev),
-        hidden_rows=comp.src_rows.reshape(-1),
+        hidden_rows=comp.src_rows,
     )
     _kernel()[(b,)](
         walk.accept_len, comp.src_slots, target, prefix_lens, window_locs, n, width,
