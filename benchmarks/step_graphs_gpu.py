@@ -20,10 +20,15 @@ the mask up to its real size, the accept's outputs and the KV after the move), a
 that a graph of a larger size serves too. Timing as ``round_graphs_gpu.py``: ``host_us`` is
 the Python time to issue the step while the GPU is busy, ``gpu_us`` its device time alone.
 
-With two budgets in one process (one set of round graphs, one memory pool, as a worker
-holds them) the accept's capture hit an illegal memory access in the tree walk on an H100
-(2026-12-06, docs/performance.md); ``--pool-per-budget`` captures each budget's round graphs
-on their own, to tell whether the shared pool is the cause.
+With two budgets in one process (one set of round graphs, one memory pool, as a v1 worker
+under ``auto`` holds them) the accept's capture hit an illegal memory access in the tree walk
+on an H100 (2026-12-06, docs/performance.md). compute-sanitizer put it in the walk reading
+parents far out of bounds, and ``--pool-per-budget`` (each budget's round graphs in a pool of
+their own) made it go away: the budget-64 graphs, captured after the budget-15 ones, hold
+their trees where the budget-15 graphs write their intermediates, and the budget-15 timings
+replayed those graphs before the budget-64 step graphs were captured. The step graphs'
+capture now replays the size's round graph first (``DraftRoundGraphs.replay_captured``, as the
+worker does), which the shared pool needs.
 
 Usage: python benchmarks/step_graphs_gpu.py [--batches 1,3,8,32] [--budgets 15,64] [--json F]
        [--pool-per-budget]
@@ -129,13 +134,17 @@ def main() -> int:
             t0 = time.perf_counter()
             vg = steps.StepGraphs(verify_step, name="verify inputs", row_widths=(1, 1),
                                   slots=1, device=dev)  # fmt: skip
-            vg.capture(trees)
+
+            def refresh(size, graphs=graphs, budget=budget):
+                graphs.replay_captured(size, budget, budget)
+
+            vg.capture(trees, refresh)
             ag = steps.StepGraphs(
                 lambda tree, target, locs, prefix: accept_graph(
                     tree, target, prefix, locs.reshape(-1)),
                 name="accept", row_widths=(d, d, 1), slots=2, device=dev,
             )  # fmt: skip
-            ag.capture(trees)
+            ag.capture(trees, refresh)
             torch.cuda.synchronize()
             meta[f"capture_s_budget_{budget}"] = round(time.perf_counter() - t0, 2)
             for b in batches:

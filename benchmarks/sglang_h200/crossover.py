@@ -125,8 +125,9 @@ def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool 
 
 
 GRAPHS_ENV = "SGLANG_DDTREE_ROUND_GRAPHS"
-# A ``--graphs`` entry ``15v``: the v2 worker's verify inputs replayed from graphs too (off by
-# default there).
+# A ``--graphs`` entry ``15v``: the v2 worker's verify inputs replayed from graphs, switched on
+# explicitly (off by default until the twenty-first GPU run, on since: ``15`` alone now gets
+# them too, as a user's server does).
 VERIFY_ENV = "SGLANG_DDTREE_VERIFY_GRAPHS"
 
 
@@ -450,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         help="phase-A DDTREE servers (budgets, or auto) started once more with "
         f"{GRAPHS_ENV}=1 (arms ddtree-bN-graphs, ddtree-auto-graphs; auto on SGLang 0.5.13 "
         f"only); Nv: budget N with {VERIFY_ENV}=1 too (arm ddtree-bN-graphs-verify; the v2 "
-        "releases' verify-input graphs), e.g. 15,15v,auto",
+        "releases' verify-input graphs, on by default since the twenty-first GPU run, so that "
+        "N alone has them too), e.g. 15,15v,auto",
     )
     p.add_argument(
         "--no-agree",

@@ -1417,7 +1417,9 @@ if V2:
 
         return replay, first
 
-    def step_worker(with_graphs: bool, capture_fn=_capture_step_by_call, verify_env="1"):
+    def step_worker(
+        with_graphs: bool, capture_fn=_capture_step_by_call, verify_env="1", clobber=False
+    ):
         from sglang.srt.speculative.ddtree_round_timing import RoundTiming
 
         worker = v2_worker(head, [2, 4])
@@ -1429,6 +1431,11 @@ if V2:
             worker._round_graphs = round_graphs_for(head, _capture_by_call)
             worker._round_graphs.capture(15, 15)
             worker._round_graphs_head = head
+            if clobber:
+                # what replaying another graph of the shared pool may leave in these buffers
+                for _, _, graph_out in worker._round_graphs._graphs.values():
+                    for t in _round_tensors(graph_out):
+                        t.fill_(-7)
             saved = _step.cuda_capture, _step.cuda_pool
             _step.cuda_capture, _step.cuda_pool = capture_fn, lambda: None
             if verify_env is not None:
@@ -1527,13 +1534,38 @@ if V2:
                 if failed._verify_graphs is None
                 else failed._verify_graphs.snapshot(),
             },
-            # without SGLANG_DDTREE_VERIFY_GRAPHS: the accept's graphs only
+            # without SGLANG_DDTREE_VERIFY_GRAPHS (both on), and with it off
             "default": [
                 g is not None
                 for g in (lambda w: (w._accept_graphs, w._verify_graphs))(
                     step_worker(True, verify_env=None)[0]
                 )
             ],
+            "verify_off": [
+                g is not None
+                for g in (lambda w: (w._accept_graphs, w._verify_graphs))(
+                    step_worker(True, verify_env="0")[0]
+                )
+            ],
+            "clobbered": clobbered_case(),
+        }
+
+    def clobbered_case() -> dict:
+        """Round graphs whose tree buffers another graph's replay wrote over before the step
+        graphs' capture: the capture replays each size's round graph first, so the steps
+        capture on (and run once on) the size's real tree."""
+        worker, _ = step_worker(True, clobber=True)
+        graphs = worker._round_graphs
+        valid = []
+        for (_size, k, budget), (static, _, graph_out) in sorted(graphs._graphs.items()):
+            want = graphs.eager_round(static, k, budget)[2]
+            valid.append(
+                all(torch.equal(getattr(graph_out[2], f), getattr(want, f)) for f in _TREE_FIELDS)
+            )
+        return {
+            "accept": worker._accept_graphs is not None,
+            "verify": worker._verify_graphs is not None,
+            "trees_valid": valid,
         }
 
     out["step_graphs"] = step_graphs_case()

@@ -507,8 +507,9 @@ def test_v2_step_graphs_replay_what_the_eager_steps_do(probe):
     on the graph a round of 4 replayed (the fourth row's inputs cleared by the graph: it
     moves slot 0 only); the outputs a round returns stay as they were through the next
     round. A mask larger than the shared buffer, or a round with no round graph, is built
-    eagerly; a capture that fails leaves that step eager; the verify inputs' graphs are off
-    unless switched on."""
+    eagerly; a capture that fails leaves that step eager; both are on unless switched off.
+    Round graphs whose tree buffers were written over (another graph's replay in the shared
+    pool) are replayed before the step graphs capture on them."""
     _, facts = probe
     graphs = facts["step_graphs"]
     assert [(r["bs"], r["size"]) for r in graphs["rounds"]] == [
@@ -536,7 +537,11 @@ def test_v2_step_graphs_replay_what_the_eager_steps_do(probe):
     # inputs' graphs are captured after it
     assert graphs["failed"]["accept"] is True
     assert graphs["failed"]["verify"]["graphs"] == 2
-    assert graphs["default"] == [True, False]
+    assert graphs["default"] == [True, True]
+    assert graphs["verify_off"] == [True, False]
+    # tree buffers written over (as another graph's replay in the shared pool may) before
+    # the step graphs' capture: it replays each size's round graph first
+    assert graphs["clobbered"] == {"accept": True, "verify": True, "trees_valid": [True, True]}
 
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if not is_v1(v)], indirect=True)

@@ -12,8 +12,13 @@ batch size, the head's K and the budget, so they can be captured once per
 workers) for the batch sizes the target's CUDA graphs cover. A round of batch ``bs`` replays the graph of the smallest captured size >= ``bs``:
 the drafted hidden states are copied into the graph's input rows, the rows past ``bs`` keep
 whatever they held (requests are independent in the head and the tree), and the outputs
-are the graph's own buffers cut to ``bs`` rows, valid until the next replay of the same
-graph (the next round). Anything it has no graph for runs eagerly, as before.
+are the graph's own buffers cut to ``bs`` rows, valid until the next replay of ANY round
+graph (the next round): all graphs share one memory pool, so a graph captured later may hold
+its outputs where an earlier one writes its intermediates, and replaying the earlier one
+overwrites them (on an H100 a tree read after another budget's graph replayed sent the walk
+out of bounds; ``benchmarks/step_graphs_gpu.py``). Whoever reads a graph's buffers outside
+the round that replayed it calls ``replay_captured`` first. Anything it has no graph for runs
+eagerly, as before.
 
 On by default in both layouts' workers (``SGLANG_DDTREE_ROUND_GRAPHS`` 0 or 1 overrides
 the default, ``round_graphs_requested``); one rank only (the head's tensor-parallel merge is
@@ -177,6 +182,13 @@ class DraftRoundGraphs:
             self._graphs[key] = (static, replay, out)
             done += 1
         return done
+
+    def replay_captured(self, size: int, k: int, budget: int) -> None:
+        """Replay the size-``size`` graph at (K, budget) on whatever its input holds, so that
+        its buffers are its own again (another graph's replay may have written over them:
+        the module's docstring); the v2 worker's step graphs call it before they capture on
+        this graph's tree."""
+        self._graphs[(int(size), int(k), int(budget))][1]()
 
     def size_for(self, bs: int) -> Optional[int]:
         return next((s for s in self.sizes if s >= bs), None)

@@ -32,8 +32,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from sglang.srt.speculative.ddtree_round_graphs import RoundGraphsError, cuda_capture, cuda_pool
 
-# The v2 worker's switches (with the round graphs only): the accept's graphs on unless this
-# is off, the verify inputs' off unless this is on (not yet run in a server on a GPU).
+# The v2 worker's switches (with the round graphs only): the accept's and the verify inputs'
+# graphs, each on unless its switch is off.
 ACCEPT_ENV = "SGLANG_DDTREE_ACCEPT_GRAPHS"
 VERIFY_ENV = "SGLANG_DDTREE_VERIFY_GRAPHS"
 
@@ -84,13 +84,23 @@ class StepGraphs:
             at += size * w
         return views, whole
 
-    def capture(self, sizes_and_trees: Sequence[Tuple[int, Any]]) -> int:
+    def capture(
+        self,
+        sizes_and_trees: Sequence[Tuple[int, Any]],
+        refresh: Optional[Callable[[int], None]] = None,
+    ) -> int:
         """Capture every slot for every ``(size, tree)``: ``tree`` is the size-``size``
-        round graph's tree buffers (all ``size`` rows). Each graph is run once eagerly
-        first. A capture that fails drops every graph held and raises ``RoundGraphsError``
-        with the cause. Returns how many graphs were captured."""
+        round graph's tree buffers (all ``size`` rows). ``refresh(size)``, if given, first
+        makes those buffers the size's own tree again (``DraftRoundGraphs.replay_captured``:
+        another round graph's replay may have written over them). Each graph is run once
+        eagerly first. A capture that fails drops every graph held and raises
+        ``RoundGraphsError`` with the cause. Returns how many graphs were captured."""
         done = 0
         for size, tree in sizes_and_trees:
+            if refresh is not None and any(
+                (int(size), slot) not in self._graphs for slot in range(self.slots)
+            ):
+                refresh(int(size))
             for slot in range(self.slots):
                 key = (int(size), slot)
                 if key in self._graphs:

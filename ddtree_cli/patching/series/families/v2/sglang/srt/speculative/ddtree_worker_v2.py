@@ -29,11 +29,12 @@ empties PyTorch's allocator caches). On an H100 with 0.5.17 and the trained pair
 server's rounds replayed every round and were faster than the eager server's
 (docs/validation.md, the seventeenth GPU run). With them it captures, per round-graph
 batch size, the accept (walk, commit, KV move: ``_accept``; ``SGLANG_DDTREE_ACCEPT_GRAPHS=0``
-turns it off) and, with ``SGLANG_DDTREE_VERIFY_GRAPHS=1``, the verify inputs (into one mask
-buffer sized by the KV pool), which a round that replayed a round graph replays in
-``_make_verify_input`` and ``_accept_block`` (``ddtree_step_graphs_v2``; the twentieth GPU
-run: every round replayed the accept, whose host time became DFLASH's; the verify inputs'
-graphs have run on a GPU only outside SGLang, benchmarks/step_graphs_gpu.py).
+turns it off) and the verify inputs (into one mask buffer sized by the KV pool;
+``SGLANG_DDTREE_VERIFY_GRAPHS=0`` turns them off), which a round that replayed a round graph
+replays in ``_make_verify_input`` and ``_accept_block`` (``ddtree_step_graphs_v2``). On an
+H100 (docs/validation.md, the twentieth and twenty-first GPU runs) every round replayed both,
+with the same tokens as the eager verify inputs; with both, DDTREE's round at budget 15 came
+within 1-5 % of DFLASH's (ITL p50) at concurrency 1 and 8 on both pairs.
 
 Every decode round's host time is recorded (``forward_batch_generation``, into
 ``ddtree_round_timing.RoundTiming``) per batch bucket (``ddtree_budget_policy.batch_bucket``)
@@ -125,7 +126,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     _round_graphs_head = None
     # Per round-graph batch size, captured with the round graphs: the accept (walk, commit,
     # KV move) unless SGLANG_DDTREE_ACCEPT_GRAPHS is off, the verify inputs (into one mask
-    # buffer) if SGLANG_DDTREE_VERIFY_GRAPHS is on; and the batch size of the round graph
+    # buffer) unless SGLANG_DDTREE_VERIFY_GRAPHS is off; and the batch size of the round graph
     # this round replayed (None: it ran eagerly, and so do its verify inputs and accept).
     _accept_graphs: Optional[StepGraphs] = None
     _verify_graphs: Optional[StepGraphs] = None
@@ -342,13 +343,16 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def _capture_step_graphs(self, tp_group) -> None:
         """The accept (unless ``SGLANG_DDTREE_ACCEPT_GRAPHS`` is off) and the verify inputs
-        (if ``SGLANG_DDTREE_VERIFY_GRAPHS`` is on) per round-graph batch size, on the round
+        (unless ``SGLANG_DDTREE_VERIFY_GRAPHS`` is off) per round-graph batch size, on the round
         graphs' tree buffers (``ddtree_step_graphs_v2``); a step whose capture fails is left
         eager (with a warning)."""
         import torch
 
         d, device = self.verify_width, self.target_worker.model_runner.device
         trees = self._round_graphs.captured_trees(self.topk, self.budget)
+
+        def refresh(size: int) -> None:  # the size's tree, whatever replayed since
+            self._round_graphs.replay_captured(size, self.topk, self.budget)
         if round_graphs_requested(True, ACCEPT_ENV, "accept graphs"):
             # inputs: the target's token per node, the window's KV slots, the prefix
             accept = StepGraphs(
@@ -357,8 +361,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 ),
                 name="accept", row_widths=(d, d, 1), slots=2, device=device,
             )  # fmt: skip
-            self._accept_graphs = _captured(accept, trees, tp_group, "walk + commit + KV move")
-        if round_graphs_requested(False, VERIFY_ENV, "verify-input graphs"):
+            self._accept_graphs = _captured(
+                accept, trees, refresh, tp_group, "walk + commit + KV move"
+            )
+        if round_graphs_requested(True, VERIFY_ENV, "verify-input graphs"):
             # One mask for every size, as large as the KV pool allows the prefixes to be
             # (a round whose prefixes share cached tokens past that runs eagerly).
             pool = int(getattr(self.target_worker.model_runner, "max_total_num_tokens", 0) or 0)
@@ -371,7 +377,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 self._verify_step, name="verify inputs", row_widths=(1, 1), slots=1,
                 device=device,
             )  # fmt: skip
-            self._verify_graphs = _captured(verify, trees, tp_group, "tokens, positions, mask")
+            self._verify_graphs = _captured(
+                verify, trees, refresh, tp_group, "tokens, positions, mask"
+            )
             if self._verify_graphs is None:
                 self._verify_mask = None
 
@@ -535,15 +543,17 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         return hidden.reshape(-1, hidden.shape[-1])[rows]
 
 
-def _captured(graphs: StepGraphs, trees, tp_group, what: str) -> Optional[StepGraphs]:
-    """``graphs`` captured on the round graphs' ``trees``, logged; None (and a warning)
-    when a capture fails."""
+def _captured(
+    graphs: StepGraphs, trees, refresh, tp_group, what: str
+) -> Optional[StepGraphs]:
+    """``graphs`` captured on the round graphs' ``trees`` (``refresh(size)`` before each
+    size: ``StepGraphs.capture``), logged; None (and a warning) when a capture fails."""
     import torch
 
     started = time.perf_counter()
     try:
         with torch.no_grad():
-            graphs.capture(trees)
+            graphs.capture(trees, refresh)
     except (RoundGraphsError, RuntimeError) as exc:
         if _rank0(tp_group):
             logger.warning("DDTREE %s graphs not used: %s", graphs.name, exc)
