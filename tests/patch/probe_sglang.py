@@ -1418,7 +1418,11 @@ if V2:
         return replay, first
 
     def step_worker(
-        with_graphs: bool, capture_fn=_capture_step_by_call, verify_env="1", clobber=False
+        with_graphs: bool,
+        capture_fn=_capture_step_by_call,
+        verify_env="1",
+        clobber=False,
+        context_len=None,
     ):
         from sglang.srt.speculative.ddtree_round_timing import RoundTiming
 
@@ -1427,6 +1431,8 @@ if V2:
         allocator = FakeAllocator(slots=1024)
         runner = worker.target_worker.model_runner
         runner.token_to_kv_pool_allocator, runner.max_total_num_tokens = allocator, 400
+        if context_len is not None:
+            runner.model_config = types.SimpleNamespace(context_len=context_len)
         if with_graphs:
             worker._round_graphs = round_graphs_for(head, _capture_by_call)
             worker._round_graphs.capture(15, 15)
@@ -1548,7 +1554,14 @@ if V2:
                 )
             ],
             "clobbered": clobbered_case(),
+            "mask_numel_context": mask_numel_with_context(30),
+            "mask_numel_long_context": mask_numel_with_context(4000),
         }
+
+    def mask_numel_with_context(context_len: int) -> int:
+        """The shared mask buffer of a worker whose model's context length is known: room for
+        the largest size's requests at that length, or the pool's tokens if fewer."""
+        return int(step_worker(True, context_len=context_len)[0]._verify_mask.numel())
 
     def clobbered_case() -> dict:
         """Round graphs whose tree buffers another graph's replay wrote over before the step

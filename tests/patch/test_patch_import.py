@@ -530,6 +530,10 @@ def test_v2_step_graphs_replay_what_the_eager_steps_do(probe):
         "graphs": 2, "sizes": [2, 4], "replayed_rounds": 4, "eager_rounds": 2,
     }  # fmt: skip
     assert graphs["mask_numel"] == 16 * 400 + 4 * 16 * 16
+    # with the model's context length known: 4 requests (the largest size) of 30 tokens,
+    # or the pool's 400 tokens when that is fewer than 4 of 4,000
+    assert graphs["mask_numel_context"] == 16 * 4 * 30 + 4 * 16 * 16
+    assert graphs["mask_numel_long_context"] == 16 * 400 + 4 * 16 * 16
     assert {"speculative_ddtree_accept_graphs", "speculative_ddtree_verify_graphs"} <= set(
         graphs["state_keys"]
     )

@@ -365,12 +365,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 accept, trees, refresh, tp_group, "walk + commit + KV move"
             )
         if round_graphs_requested(True, VERIFY_ENV, "verify-input graphs"):
-            # One mask for every size, as large as the KV pool allows the prefixes to be
-            # (a round whose prefixes share cached tokens past that runs eagerly).
-            pool = int(getattr(self.target_worker.model_runner, "max_total_num_tokens", 0) or 0)
             most = max((size for size, _ in trees), default=0)
             self._verify_mask = torch.empty(
-                (d * pool + most * d * d,), dtype=torch.bool, device=device
+                (d * _mask_prefix_tokens(self.target_worker.model_runner, most) + most * d * d,),
+                dtype=torch.bool,
+                device=device,
             )
             # inputs: the root (the previous bonus token), the prefix
             verify = StepGraphs(
@@ -541,6 +540,17 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if rows is None:
             return hidden
         return hidden.reshape(-1, hidden.shape[-1])[rows]
+
+
+def _mask_prefix_tokens(runner, most: int) -> int:
+    """The prefix tokens the verify graphs' shared mask buffer makes room for: as many as the
+    KV pool holds, and no more than ``most`` (the largest round-graph size) requests of the
+    model's context length can have (a small model's pool holds tens of millions of tokens;
+    a mask row per verify slot over all of them would take gigabytes). A round whose
+    prefixes add up past it (cached tokens shared between requests) builds its mask eagerly."""
+    pool = int(getattr(runner, "max_total_num_tokens", 0) or 0)
+    context = getattr(getattr(runner, "model_config", None), "context_len", None)
+    return pool if not context else min(pool, most * int(context))
 
 
 def _captured(
