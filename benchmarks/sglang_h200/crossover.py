@@ -418,7 +418,8 @@ def crossover(v: run.Validation) -> int:
     return v.finish("done", 0)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The map's arguments, checked (a mistake exits with argparse's one-line error)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--state", default=os.environ.get("DDTREE_H200_STATE", "/tmp/ddtree-h200"))
     p.add_argument("--vocab", type=int, default=260)
@@ -461,7 +462,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--concurrency", type=_ints, default=[1, 8, 16, 32, 4, 2])
     p.add_argument("--profile-concurrency", type=_ints, default=[1, 16])
-    p.add_argument("--profile-budgets", type=_ints, default=[15, 64])
+    p.add_argument(
+        "--profile-budgets",
+        type=_ints,
+        default=None,
+        help="phase-A budgets profiled (default: 15 and 64, those of them in phase A)",
+    )
     p.add_argument(
         "--profile-graphs",
         type=_graph_budgets,
@@ -503,10 +509,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--budgets-a must share no budget with --budgets-b")
     if not args.budgets_a and not (args.graphs and args.no_agree):
         p.error("--budgets-a may be empty only with --graphs and --no-agree")
+    if args.profile_budgets is None:
+        args.profile_budgets = [b for b in (15, 64) if b in args.budgets_a]
     if args.profile_concurrency and not set(args.profile_budgets) <= set(args.budgets_a):
         p.error("--profile-budgets must be phase-A budgets")
     if not set(args.profile_graphs) <= set(args.graphs):
         p.error("--profile-graphs must be --graphs entries")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     v = run.Validation(args, folder=args.map, estimates=ESTIMATES)
     try:
         return crossover(v)

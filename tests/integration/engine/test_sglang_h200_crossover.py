@@ -102,6 +102,20 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
         None, None, 300.0, 300.0]  # fmt: skip
 
 
+def test_profiled_budgets_follow_phase_a():
+    """--profile-budgets defaults to 15 and 64, those of them in phase A: a map of graph
+    servers only (--budgets-a=) profiles no eager server instead of refusing to start; a
+    budget named outside phase A is still refused in one line."""
+    parse = load_script("crossover").parse_args
+    assert parse([]).profile_budgets == [15, 64]
+    assert parse(["--budgets-a", "15,32"]).profile_budgets == [15]
+    graphs_only = ["--budgets-a=", "--budgets-b=", "--graphs", "15", "--no-agree"]
+    assert parse(graphs_only).profile_budgets == []
+    assert parse(["--profile-budgets", "32"]).profile_budgets == [32]
+    with pytest.raises(SystemExit):
+        parse([*graphs_only, "--profile-budgets", "64"])
+
+
 def test_the_map_runs_over_calls_and_resumes(tmp_path):
     pieces = standin_bundle(tmp_path, version="0.5.13")
     base, small = free_base(7), free_base(3)
