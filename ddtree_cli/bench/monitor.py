@@ -7,7 +7,6 @@ a way that looks like a server effect. No other serving benchmark reports this.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass
 
@@ -63,8 +62,9 @@ class ClientMonitor:
     async def stop(self) -> ClientLoad:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Wait for the probe without taking its CancelledError: suppressing it here
+            # would also swallow a cancellation of the caller (Ctrl-C as a pass ends).
+            await asyncio.wait([self._task])
         return summarize_load(
             time.process_time() - self._cpu0, time.perf_counter() - self._wall0, self._lags
         )
