@@ -26,9 +26,9 @@ on an H100 (2026-12-06, docs/performance.md). compute-sanitizer put it in the wa
 parents far out of bounds, and ``--pool-per-budget`` (each budget's round graphs in a pool of
 their own) made it go away: the budget-64 graphs, captured after the budget-15 ones, hold
 their trees where the budget-15 graphs write their intermediates, and the budget-15 timings
-replayed those graphs before the budget-64 step graphs were captured. The step graphs'
-capture now replays the size's round graph first (``DraftRoundGraphs.replay_captured``, as the
-worker does), which the shared pool needs.
+replayed those graphs before the budget-64 step graphs were captured. ``StepGraphs.capture``
+now replays each size's round graph first (``DraftRoundGraphs.replay_captured``), which the
+shared pool needs.
 
 Usage: python benchmarks/step_graphs_gpu.py [--batches 1,3,8,32] [--budgets 15,64] [--json F]
        [--pool-per-budget]
@@ -119,7 +119,6 @@ def main() -> int:
     for budget in budgets:
         d = budget + 1
         graphs = round_graphs[budget]
-        trees = graphs.captured_trees(budget, budget)
         mask = torch.empty((d * args.pool + max(sizes) * d * d,), dtype=torch.bool, device=dev)
 
         def verify_step(tree, roots, prefix, mask=mask):
@@ -134,17 +133,13 @@ def main() -> int:
             t0 = time.perf_counter()
             vg = steps.StepGraphs(verify_step, name="verify inputs", row_widths=(1, 1),
                                   slots=1, device=dev)  # fmt: skip
-
-            def refresh(size, graphs=graphs, budget=budget):
-                graphs.replay_captured(size, budget, budget)
-
-            vg.capture(trees, refresh)
+            vg.capture(graphs, budget, budget)
             ag = steps.StepGraphs(
                 lambda tree, target, locs, prefix: accept_graph(
                     tree, target, prefix, locs.reshape(-1)),
                 name="accept", row_widths=(d, d, 1), slots=2, device=dev,
             )  # fmt: skip
-            ag.capture(trees, refresh)
+            ag.capture(graphs, budget, budget)
             torch.cuda.synchronize()
             meta[f"capture_s_budget_{budget}"] = round(time.perf_counter() - t0, 2)
             for b in batches:

@@ -84,23 +84,16 @@ class StepGraphs:
             at += size * w
         return views, whole
 
-    def capture(
-        self,
-        sizes_and_trees: Sequence[Tuple[int, Any]],
-        refresh: Optional[Callable[[int], None]] = None,
-    ) -> int:
-        """Capture every slot for every ``(size, tree)``: ``tree`` is the size-``size``
-        round graph's tree buffers (all ``size`` rows). ``refresh(size)``, if given, first
-        makes those buffers the size's own tree again (``DraftRoundGraphs.replay_captured``:
-        another round graph's replay may have written over them). Each graph is run once
-        eagerly first. A capture that fails drops every graph held and raises
-        ``RoundGraphsError`` with the cause. Returns how many graphs were captured."""
+    def capture(self, round_graphs: Any, k: int, budget: int) -> int:
+        """Capture every slot for every batch size ``round_graphs`` (a ``DraftRoundGraphs``)
+        holds at (K, budget), on that size's tree buffers (all ``size`` rows), each size's
+        round graph replayed first (``replay_captured``: another round graph's replay may
+        have written over its buffers). Each graph is run once eagerly first. A capture that
+        fails drops every graph held and raises ``RoundGraphsError`` with the cause. Returns
+        how many graphs were captured."""
         done = 0
-        for size, tree in sizes_and_trees:
-            if refresh is not None and any(
-                (int(size), slot) not in self._graphs for slot in range(self.slots)
-            ):
-                refresh(int(size))
+        for size, tree in round_graphs.captured_trees(k, budget):
+            round_graphs.replay_captured(size, k, budget)
             for slot in range(self.slots):
                 key = (int(size), slot)
                 if key in self._graphs:

@@ -349,10 +349,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         import torch
 
         d, device = self.verify_width, self.target_worker.model_runner.device
-        trees = self._round_graphs.captured_trees(self.topk, self.budget)
-
-        def refresh(size: int) -> None:  # the size's tree, whatever replayed since
-            self._round_graphs.replay_captured(size, self.topk, self.budget)
         if round_graphs_requested(True, ACCEPT_ENV, "accept graphs"):
             # inputs: the target's token per node, the window's KV slots, the prefix
             accept = StepGraphs(
@@ -361,11 +357,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 ),
                 name="accept", row_widths=(d, d, 1), slots=2, device=device,
             )  # fmt: skip
-            self._accept_graphs = _captured(
-                accept, trees, refresh, tp_group, "walk + commit + KV move"
-            )
+            self._accept_graphs = self._captured(accept, tp_group, "walk + commit + KV move")
         if round_graphs_requested(True, VERIFY_ENV, "verify-input graphs"):
-            most = max((size for size, _ in trees), default=0)
+            most = max(self._round_graphs.sizes, default=0)
             self._verify_mask = torch.empty(
                 (d * _mask_prefix_tokens(self.target_worker.model_runner, most) + most * d * d,),
                 dtype=torch.bool,
@@ -376,11 +370,33 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 self._verify_step, name="verify inputs", row_widths=(1, 1), slots=1,
                 device=device,
             )  # fmt: skip
-            self._verify_graphs = _captured(
-                verify, trees, refresh, tp_group, "tokens, positions, mask"
-            )
+            self._verify_graphs = self._captured(verify, tp_group, "tokens, positions, mask")
             if self._verify_graphs is None:
                 self._verify_mask = None
+
+    def _captured(self, graphs: StepGraphs, tp_group, what: str) -> Optional[StepGraphs]:
+        """``graphs`` captured on the round graphs' trees at this server's (K, budget)
+        (``StepGraphs.capture``), logged; None (and a warning) when a capture fails."""
+        import torch
+
+        started = time.perf_counter()
+        try:
+            with torch.no_grad():
+                graphs.capture(self._round_graphs, self.topk, self.budget)
+        except (RoundGraphsError, RuntimeError) as exc:
+            if _rank0(tp_group):
+                logger.warning("DDTREE %s graphs not used: %s", graphs.name, exc)
+            return None
+        if _rank0(tp_group):
+            logger.info(
+                "DDTREE %s graphs: %d captured (%s; batch sizes %s) in %.1f s",
+                graphs.name,
+                graphs.snapshot()["graphs"],
+                what,
+                graphs.snapshot()["sizes"],
+                time.perf_counter() - started,
+            )
+        return graphs
 
     def _verify_step(self, tree, roots, prefix):
         """The verify inputs as a graph builds them: the mask into the shared buffer."""
@@ -551,33 +567,6 @@ def _mask_prefix_tokens(runner, most: int) -> int:
     pool = int(getattr(runner, "max_total_num_tokens", 0) or 0)
     context = getattr(getattr(runner, "model_config", None), "context_len", None)
     return pool if not context else min(pool, most * int(context))
-
-
-def _captured(
-    graphs: StepGraphs, trees, refresh, tp_group, what: str
-) -> Optional[StepGraphs]:
-    """``graphs`` captured on the round graphs' ``trees`` (``refresh(size)`` before each
-    size: ``StepGraphs.capture``), logged; None (and a warning) when a capture fails."""
-    import torch
-
-    started = time.perf_counter()
-    try:
-        with torch.no_grad():
-            graphs.capture(trees, refresh)
-    except (RoundGraphsError, RuntimeError) as exc:
-        if _rank0(tp_group):
-            logger.warning("DDTREE %s graphs not used: %s", graphs.name, exc)
-        return None
-    if _rank0(tp_group):
-        logger.info(
-            "DDTREE %s graphs: %d captured (%s; batch sizes %s) in %.1f s",
-            graphs.name,
-            graphs.snapshot()["graphs"],
-            what,
-            graphs.snapshot()["sizes"],
-            time.perf_counter() - started,
-        )
-    return graphs
 
 
 def _rank0(tp_group) -> bool:
