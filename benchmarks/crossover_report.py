@@ -23,9 +23,13 @@ from pathlib import Path
 # round, ``crossover.py --auto``), which sorts after every number; either with ``-graphs``
 # (``crossover.py --graphs``: the same server with the round's head and tree replayed from
 # CUDA graphs), which sorts after the arms without, or ``-graphs-verify`` (``--graphs 15v``:
-# with the v2 verify inputs' graphs too), after those.
-ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))(-graphs(?:-verify)?)?$")
-SUFFIXES = {None: "", "-graphs": " graphs", "-graphs-verify": " graphs+verify"}
+# with the v2 verify inputs' graphs too) and ``-graphs-move`` (``--graphs 15m``: the v2
+# accept's KV move of the accepted rows only), after those, in that order.
+ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))(-graphs(?:-verify|-move)?)?$")
+SUFFIXES = {
+    None: "", "-graphs": " graphs", "-graphs-verify": " graphs+verify",
+    "-graphs-move": " graphs+move",
+}  # fmt: skip
 
 
 def arm_budget(arm: str) -> int | str:

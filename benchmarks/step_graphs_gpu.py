@@ -66,7 +66,7 @@ def accept_fn(commit_mod, kv):
     """The worker's ``_accept`` (``ddtree_commit_v2.accept_round``) with the KV stand-in
     ``kv`` as the pool."""
 
-    def move(targets, sources):
+    def move(targets, sources, commit_lens):
         kv[targets] = kv[sources]
 
     def accept(tree, target, prefix, locs):

@@ -119,42 +119,51 @@ def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool 
     for cmds, on in ((out, 0), (graph_cmds, 1)):
         for name, (port, cmd) in cmds.items():
             if name.startswith("ddtree-"):
-                verify = [f"{VERIFY_ENV}=1"] if name.endswith("v") else []
-                out[name] = (port, ["env", f"{GRAPHS_ENV}={on}", *verify, *cmd])
+                switch = SWITCHES.get(name[-1])
+                extra = [f"{switch[0]}=1"] if switch else []
+                out[name] = (port, ["env", f"{GRAPHS_ENV}={on}", *extra, *cmd])
     return out
 
 
 GRAPHS_ENV = "SGLANG_DDTREE_ROUND_GRAPHS"
-# A ``--graphs`` entry ``15v``: the v2 worker's verify inputs replayed from graphs, switched on
-# explicitly (off by default until the twenty-first GPU run, on since: ``15`` alone now gets
-# them too, as a user's server does).
 VERIFY_ENV = "SGLANG_DDTREE_VERIFY_GRAPHS"
+MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
+# A ``--graphs`` entry ``N`` + a letter: budget N once more with one more v2 switch on, as its
+# own arm (``ddtree-bN-graphs`` + the suffix). ``v``: the verify inputs replayed from graphs
+# (off by default until the twenty-first GPU run, on since: ``15`` alone now gets them too, as
+# a user's server does); ``m``: the accept's KV move of the accepted rows only
+# (``ddtree_commit_v2.window_kv_move``, off by default).
+SWITCHES = {"v": (VERIFY_ENV, "-verify"), "m": (MOVE_ENV, "-move")}
 
 
 def _graph_budgets(text: str) -> list:
-    """``--graphs``: budgets, ``auto``, and budgets with ``v`` (the verify inputs' graphs
-    on too), e.g. ``15,15v,auto``."""
+    """``--graphs``: budgets, ``auto``, and budgets with a switch letter (``SWITCHES``), e.g.
+    ``15,15m,auto``."""
     out = []
     for x in (x.strip() for x in text.split(",") if x.strip()):
-        if x != "auto" and not x.removesuffix("v").isdigit():
-            raise argparse.ArgumentTypeError(f"--graphs: {x!r} is not a budget, Nv or auto")
-        out.append(x if x == "auto" or x.endswith("v") else int(x))
+        if x != "auto" and not (x.isdigit() or (x[-1:] in SWITCHES and x[:-1].isdigit())):
+            letters = "/".join(f"N{k}" for k in SWITCHES)
+            raise argparse.ArgumentTypeError(f"--graphs: {x!r} is not a budget, {letters} or auto")
+        out.append(int(x) if x.isdigit() else x)
     return out
 
 
 def _budget_of(entry) -> int | str:
     """A ``--graphs`` entry's budget: ``15v`` -> 15."""
-    return int(entry[:-1]) if isinstance(entry, str) and entry.endswith("v") else entry
+    return int(entry[:-1]) if isinstance(entry, str) and entry[-1:] in SWITCHES else entry
 
 
 def arm_of(server: str) -> str:
     """The bench arm of a DDTREE server: ``ddtree-n15`` -> ``ddtree-b15``, ``ddtree-nauto`` ->
     ``ddtree-auto``, ``ddtree-g15`` -> ``ddtree-b15-graphs``, ``ddtree-gauto`` ->
-    ``ddtree-auto-graphs``, ``ddtree-g15v`` -> ``ddtree-b15-graphs-verify``."""
+    ``ddtree-auto-graphs``, ``ddtree-g15v`` -> ``ddtree-b15-graphs-verify``, ``ddtree-g15m``
+    -> ``ddtree-b15-graphs-move``."""
     kind, budget = server[len("ddtree-")], server[len("ddtree-") + 1 :]
-    verify = budget.endswith("v")
-    arm = "ddtree-auto" if budget == "auto" else f"ddtree-b{budget.removesuffix('v')}"
-    return arm + ("-graphs" if kind == "g" else "") + ("-verify" if verify else "")
+    switch = SWITCHES.get(budget[-1])
+    if switch:
+        budget = budget[:-1]
+    arm = "ddtree-auto" if budget == "auto" else f"ddtree-b{budget}"
+    return arm + ("-graphs" if kind == "g" else "") + (switch[1] if switch else "")
 
 
 def small_servers(state: Path, args, version: str) -> dict:
@@ -453,7 +462,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"{GRAPHS_ENV}=1 (arms ddtree-bN-graphs, ddtree-auto-graphs; auto on SGLang 0.5.13 "
         f"only); Nv: budget N with {VERIFY_ENV}=1 too (arm ddtree-bN-graphs-verify; the v2 "
         "releases' verify-input graphs, on by default since the twenty-first GPU run, so that "
-        "N alone has them too), e.g. 15,15v,auto",
+        f"N alone has them too); Nm: budget N with {MOVE_ENV}=1 (arm ddtree-bN-graphs-move: "
+        "the v2 accept moves only the accepted rows' KV), e.g. 15,15m,auto",
     )
     p.add_argument(
         "--no-agree",

@@ -738,6 +738,100 @@ def commit_kernel_case(tree, target, prefix, window) -> str | None:
     return ", ".join(differ) or None
 
 
+def real_mha_pool(slots: int, layers: int = 2, heads: int = 2, dim: int = 8):
+    """SGLang's own ``MHATokenToKVPool`` with small CPU buffers: the fields its move reads set
+    here (its constructor's arguments differ between releases), its copy configuration from
+    its own ``_init_kv_copy_and_warmup`` (which runs its tiled copy kernel once)."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    pool = object.__new__(MHATokenToKVPool)
+    shape = (slots + 1, heads, dim)
+    k = [torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(layers)]
+    v = [torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(layers)]
+    pool.__dict__.update(
+        size=slots, page_size=1, layer_num=layers, device="cpu", dtype=torch.bfloat16,
+        head_num=heads, head_dim=dim, k_buffer=k, v_buffer=v, use_hnd=False,
+        use_native_move_kv_cache=False, start_layer=0, end_layer=layers - 1,
+        data_ptrs=torch.tensor([t.data_ptr() for t in k + v], dtype=torch.int64),
+        data_strides=torch.tensor([heads * dim * 2] * (2 * layers), dtype=torch.int64),
+        k_scale_buffer=None, v_scale_buffer=None, native_k_scale_buffer=None,
+        native_v_scale_buffer=None,
+    )  # fmt: skip
+    pool._init_kv_copy_and_warmup()
+    return pool
+
+
+def kv_move_choice() -> dict:
+    """Which KV move the v2 worker's ``_kv_move`` picks: the pool's own unless
+    ``SGLANG_DDTREE_WINDOW_KV_MOVE`` is on and the pool is SGLang's plain
+    ``MHATokenToKVPool``; a pool of another kind keeps its own."""
+    import os
+
+    from sglang.srt.speculative.ddtree_commit_v2 import WINDOW_MOVE_ENV
+
+    def picked(pool, env):
+        worker = TreeWorker.__new__(TreeWorker)
+        worker._target_worker = types.SimpleNamespace(
+            model_runner=types.SimpleNamespace(
+                token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: pool)
+            )
+        )
+        saved = os.environ.pop(WINDOW_MOVE_ENV, None)
+        if env is not None:
+            os.environ[WINDOW_MOVE_ENV] = env
+        try:
+            return worker._kv_move().__qualname__.split(".")[0]
+        finally:
+            os.environ.pop(WINDOW_MOVE_ENV, None)
+            if saved is not None:
+                os.environ[WINDOW_MOVE_ENV] = saved
+
+    real, fake, scaled = real_mha_pool(64), FakeAllocator(), real_mha_pool(64)
+    scaled.native_k_scale_buffer = [torch.ones(65)]  # quantised KV: its scales move too
+    return {
+        "default": picked(real, None),
+        "on": picked(real, "1"),
+        "off": picked(real, "0"),
+        "on_other_pool": picked(fake, "1"),
+        "on_quantised_pool": picked(scaled, "1"),
+    }
+
+
+def window_move_case(walk, target, prefix, window) -> str | None:
+    """``ddtree_commit_v2.window_kv_move`` (in Triton's interpreter) against SGLang's own
+    ``MHATokenToKVPool.move_kv_cache`` (its tiled copy kernel, interpreted too) on one real
+    pool class with small CPU buffers, for the moves ``commit_round`` computes from this
+    round: None when every buffer ends equal and only moved rows changed, else what differs
+    (or why it did not run)."""
+    from sglang.srt.speculative.ddtree_commit_v2 import commit_round, pool_move, window_kv_move
+
+    if not ddtree_tree._want_triton(target, True):
+        return "the kernel would not run (no Triton, or not under its interpreter)"
+    commit = commit_round(walk, target, prefix, window, use_triton=False)
+    try:
+        pool = real_mha_pool(int(window.max()) + 8)
+        k, v = pool.k_buffer, pool.v_buffer
+        mover = window_kv_move(pool)
+        if mover is None:
+            return "window_kv_move refused SGLang's own MHATokenToKVPool"
+        start = [t.clone() for t in k + v]
+        pool_move(pool)(commit.kv_targets, commit.kv_sources, commit.commit_lens)
+        own = [t.clone() for t in k + v]
+        for t, s0 in zip(k + v, start, strict=True):
+            t.copy_(s0)
+        mover(commit.kv_targets, commit.kv_sources, commit.commit_lens)
+    except Exception as exc:  # the test decides
+        return f"{type(exc).__name__}: {exc}"
+    if not all(torch.equal(a, t) for a, t in zip(own, k + v, strict=True)):
+        return "the buffers differ from the pool's own move"
+    moved = int(((commit.kv_targets != commit.kv_sources) & (commit.kv_targets != 0)).sum())
+    changed = {int(r) for t, s0 in zip(k + v, start, strict=True)
+               for r in (t != s0).flatten(1).any(1).nonzero().view(-1)}  # fmt: skip
+    if moved and not changed:
+        return "nothing moved"
+    return None
+
+
 def verify_round(budget: int) -> dict:
     bs, d, vocab, hidden_size, block = 3, budget + 1, 48, 8, 16
     # A block-16 drafter drafts 15 positions, whatever the budget.
@@ -821,6 +915,7 @@ def verify_round(budget: int) -> dict:
                 )
             ),
             commit_kernel=commit_kernel_case(tree, target, prefix.to(torch.int64), window),
+            window_move=window_move_case(walk, target, prefix.to(torch.int64), window),
             hidden_ok=all(
                 torch.equal(moved_hidden[b * block + k], hidden[b * d + int(walk.accepted[b, k])])
                 for b in range(bs)
@@ -881,6 +976,8 @@ def verify_round(budget: int) -> dict:
 
 
 out["verify_round"] = verify_round(15)
+if V2:
+    out["kv_move_choice"] = kv_move_choice()
 # a 64-node tree from a block-16 drafter: verify width 65
 out["verify_round_64"] = verify_round(64)
 if V2:

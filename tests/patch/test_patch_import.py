@@ -232,11 +232,31 @@ def test_request_validation_and_hidden_state_relay(probe):
 def assert_window_fronts(r: dict) -> None:
     """A v2 round's KV commit: one move (the KV pool's), after which each request's verify
     window starts with its accepted nodes' KV, in path order, and no other slot changed
-    (the commit kernel, run in Triton's interpreter, equal to its PyTorch path)."""
+    (the commit kernel, run in Triton's interpreter, equal to its PyTorch path; the
+    accepted-rows-only move, ``SGLANG_DDTREE_WINDOW_KV_MOVE``, equal to SGLang's own pool
+    move on SGLang's ``MHATokenToKVPool``)."""
     assert r["moves"] == 1
     assert r["window_fronts"] == r["expected_fronts"]
     assert set(r["changed_slots"]) <= set(r["front_slots"])
     assert r["commit_kernel"] is None
+    assert r["window_move"] is None
+
+
+def test_the_window_kv_move_is_behind_its_switch(probe):
+    """v2: the accept moves KV through the pool's own ``move_kv_cache`` unless
+    ``SGLANG_DDTREE_WINDOW_KV_MOVE`` is on; on, through ``window_kv_move`` where the pool is
+    SGLang's plain ``MHATokenToKVPool`` (built from the release's own class), and through the
+    pool's own move for any other pool or a quantised one (whose scales move too)."""
+    version, facts = probe
+    if is_v1(version):
+        pytest.skip("the v1 worker verifies with SGLang's own tree kernels")
+    assert facts["kv_move_choice"] == {
+        "default": "pool_move",
+        "on": "window_kv_move",
+        "off": "pool_move",
+        "on_other_pool": "pool_move",
+        "on_quantised_pool": "pool_move",
+    }
 
 
 def test_verify_round_commits_the_accepted_path(probe):

@@ -60,9 +60,9 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
     same_but_port = ["30007" if x == "30003" else x for x in eager[2:]]
     assert g["ddtree-g15"][1] == ["env", "SGLANG_DDTREE_ROUND_GRAPHS=1", *same_but_port]
     assert [crossover.arm_of(n) for n in ("ddtree-n15", "ddtree-nauto", "ddtree-g15",
-                                          "ddtree-gauto", "ddtree-g15v")] == [
+                                          "ddtree-gauto", "ddtree-g15v", "ddtree-g15m")] == [
         "ddtree-b15", "ddtree-auto", "ddtree-b15-graphs", "ddtree-auto-graphs",
-        "ddtree-b15-graphs-verify"]  # fmt: skip
+        "ddtree-b15-graphs-verify", "ddtree-b15-graphs-move"]  # fmt: skip
     # 15v: budget 15 once more, with the v2 verify inputs' graphs switched on too.
     v = crossover.servers_for(tmp_path, args, [], "0.5.17",
                               graphs=crossover._graph_budgets("15, 15v"))  # fmt: skip
@@ -71,7 +71,13 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
     assert v["ddtree-g15"][1][2] != "SGLANG_DDTREE_VERIFY_GRAPHS=1"
     same = [x for x in v["ddtree-g15v"][1][3:] if x != str(v["ddtree-g15v"][0])]
     assert same == [x for x in v["ddtree-g15"][1][2:] if x != str(v["ddtree-g15"][0])]
-    for bad in ("15x", "autov", "v"):
+    # 15m: budget 15 once more, with the v2 accept's KV move of the accepted rows only.
+    m = crossover.servers_for(tmp_path, args, [], "0.5.17",
+                              graphs=crossover._graph_budgets("15,15m"))  # fmt: skip
+    assert m["ddtree-g15m"][1][:3] == [
+        "env", "SGLANG_DDTREE_ROUND_GRAPHS=1", "SGLANG_DDTREE_WINDOW_KV_MOVE=1"]  # fmt: skip
+    assert "SGLANG_DDTREE_WINDOW_KV_MOVE=1" not in m["ddtree-g15"][1]
+    for bad in ("15x", "autov", "v", "m", "automm", "15vm"):
         with pytest.raises(crossover.main.__globals__["argparse"].ArgumentTypeError):
             crossover._graph_budgets(bad)
     # Phase A of graph servers only (--budgets-a= --graphs 15,64,auto): no port shared.

@@ -29,6 +29,9 @@ import torch
 
 from sglang.srt.speculative import ddtree_tree
 
+# The v2 worker's switch for ``window_kv_move`` (off unless on: not yet run in a server).
+WINDOW_MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
+
 
 @dataclass
 class RoundCommit:
@@ -92,12 +95,13 @@ def commit_round(
 def accept_round(tree, target: torch.Tensor, prefix_lens: torch.Tensor, locs: torch.Tensor,
                  move) -> tuple:  # fmt: skip
     """A v2 round's accept: the walk (``ddtree_tree.verify_walk``), ``commit_round`` and
-    ``move(kv_targets, kv_sources)`` (the KV pool's ``move_kv_cache``). Returns the matched
-    drafts, committed lengths, bonus tokens, emitted tokens, new sequence lengths and hidden
-    rows (``[b, W]``), each with the batch first (what the step graphs cut to a batch)."""
+    ``move(kv_targets, kv_sources, commit_lens)`` (``pool_move``: the KV pool's
+    ``move_kv_cache``, or ``window_kv_move``). Returns the matched drafts, committed lengths,
+    bonus tokens, emitted tokens, new sequence lengths and hidden rows (``[b, W]``), each
+    with the batch first (what the step graphs cut to a batch)."""
     walk = ddtree_tree.verify_walk(tree, target)
     commit = commit_round(walk, target, prefix_lens, locs)
-    move(commit.kv_targets, commit.kv_sources)
+    move(commit.kv_targets, commit.kv_sources, commit.commit_lens)
     return (
         commit.num_correct,
         commit.commit_lens,
@@ -157,3 +161,100 @@ def _kernel():
         tl.store(new_seq_lens + req, prefix + alen.to(prefix.dtype))
 
     return commit
+
+
+def pool_move(pool):
+    """``move(targets, sources, commit_lens)`` through the pool's own ``move_kv_cache``: every
+    row of the window is copied, the rows past ``commit_lens`` slot 0 onto itself."""
+    return lambda targets, sources, commit_lens: pool.move_kv_cache(targets, sources)
+
+
+def window_kv_move(pool):
+    """``move(targets, sources, commit_lens)`` for ``pool``'s slot rows in one launch that
+    copies only what moves, or None where ``pool`` does not keep its KV as the plain
+    ``MHATokenToKVPool``'s unquantised slot rows (then ``pool_move``).
+
+    The pool's ``move_kv_cache`` copies all ``b * width`` rows of a round (its tiled kernel
+    holds every row of a chunk for one layer in one program, so that all sources are read
+    before any target is written): with a batch of 32 and 16 slots per window that is 512
+    rows, most of them slot 0 onto itself, in two launches that took about 1 ms each on an
+    H100 (the 8B-cost target, 72 K and V buffers; docs/performance.md). Here one program per
+    (request, buffer, byte tile) copies that request's first ``commit_lens`` rows whose
+    source is not their target, all reads before a barrier and the writes after it. Moves
+    never cross requests (each reads and writes its own verify window), so that is the
+    same in-place safety. ``targets`` / ``sources`` are ``[b * W]`` as ``commit_round`` lays
+    them out."""
+    from sglang.srt.mem_cache import memory_pool
+
+    base = getattr(memory_pool, "MHATokenToKVPool", None)
+    cls = type(pool)
+    if (
+        base is None
+        or cls.move_kv_cache is not base.move_kv_cache
+        or getattr(cls, "_move_kv_cache_impl", None) is not getattr(base, "_move_kv_cache_impl", None)
+        or getattr(pool, "_kv_copy_config", None) is None  # no tiled copy: not this layout
+        or getattr(pool, "use_hnd", False)
+        or getattr(pool, "use_native_move_kv_cache", False)
+        or _env_on("SGLANG_NATIVE_MOVE_KV_CACHE")  # 0.5.14 - 0.5.16 read it per move
+        or int(getattr(pool, "page_size", 1)) != 1
+        or int(getattr(pool, "layer_num", 0)) == 0
+        # quantised KV: the pool's move carries its scales too (0.5.21 on: FP4 scales)
+        or getattr(pool, "k_scale_buffer", None) is not None
+        or getattr(pool, "native_k_scale_buffer", None) is not None
+    ):
+        return None
+    ptrs, strides = pool.data_ptrs, pool.data_strides
+    widest = int(strides.max())
+    tiles = -(-widest // _MOVE_TILE)
+    kernel = _move_kernel()
+
+    def move(targets, sources, commit_lens):
+        b = int(commit_lens.shape[0])
+        width = int(targets.numel()) // max(b, 1)
+        kernel[(b, int(ptrs.numel()), tiles)](
+            ptrs, strides, targets, sources, commit_lens, width,
+            WP=ddtree_tree._pow2(width), TILE=_MOVE_TILE,
+        )  # fmt: skip
+
+    return move
+
+
+# Bytes of a slot row one program copies (a request's rows times this, held in registers).
+_MOVE_TILE = 512
+
+
+def _env_on(name: str) -> bool:
+    import os
+
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@lru_cache(maxsize=1)
+def _move_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def move(
+        data_ptrs, data_strides, targets, sources, commit_lens, width,
+        WP: tl.constexpr, TILE: tl.constexpr,
+    ):  # fmt: skip
+        req = tl.program_id(0)
+        buf = tl.program_id(1)
+        tile = tl.program_id(2)
+        stride = tl.load(data_strides + buf)
+        if tile * TILE < stride:
+            k = tl.arange(0, WP)
+            inside = k < width
+            n = tl.load(commit_lens + req)
+            tgt = tl.load(targets + req * width + k, mask=inside, other=0)
+            src = tl.load(sources + req * width + k, mask=inside, other=0)
+            rows = inside & (k < n) & (src != tgt)
+            off = tile * TILE + tl.arange(0, TILE)
+            ok = rows[:, None] & (off < stride)[None, :]
+            data = tl.load(data_ptrs + buf).to(tl.pointer_type(tl.uint8))
+            vals = tl.load(data + src[:, None] * stride + off[None, :], mask=ok)
+            tl.debug_barrier()  # every source read before any target is written
+            tl.store(data + tgt[:, None] * stride + off[None, :], vals, mask=ok)
+
+    return move

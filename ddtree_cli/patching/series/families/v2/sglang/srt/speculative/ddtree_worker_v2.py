@@ -70,7 +70,12 @@ from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
-from sglang.srt.speculative.ddtree_commit_v2 import accept_round
+from sglang.srt.speculative.ddtree_commit_v2 import (
+    WINDOW_MOVE_ENV,
+    accept_round,
+    pool_move,
+    window_kv_move,
+)
 from sglang.srt.speculative.ddtree_info_v2 import DDTreeVerifyInputV2
 from sglang.srt.speculative.ddtree_round_graphs import (
     DraftRoundGraphs,
@@ -132,6 +137,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     _verify_graphs: Optional[StepGraphs] = None
     _verify_mask: Optional[torch.Tensor] = None
     _round_size: Optional[int] = None
+    # The accept's KV move (``_kv_move``), chosen at its first use.
+    _kv_mover = None
     # The decode round's host seconds in _draft_next_tokens and _make_verify_input. A class
     # default, so that it reads 0.0 before then (DFlashWorkerV2 forwards unknown attributes).
     _build_s = 0.0
@@ -545,8 +552,24 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         block_size wide: the tree is at most block_size - 1 deep); the hidden rows for the
         draft KV ([bs, block_size] rows of the flat [bs * d] verify) are the accepted path
         first, the window's own rows after it (never committed)."""
-        pool = self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache()
-        return accept_round(tree, target, prefix_lens, locs, pool.move_kv_cache)
+        return accept_round(tree, target, prefix_lens, locs, self._kv_move())
+
+    def _kv_move(self):
+        """The accept's KV move: the pool's ``move_kv_cache`` (every window row), or with
+        ``SGLANG_DDTREE_WINDOW_KV_MOVE`` on, ``ddtree_commit_v2.window_kv_move`` (the accepted
+        rows only, one launch) where the pool keeps plain slot rows; chosen once, logged."""
+        if self._kv_mover is None:
+            pool = self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache()
+            mover = None
+            if round_graphs_requested(False, WINDOW_MOVE_ENV, "window KV move"):
+                mover = window_kv_move(pool)
+                logger.info(
+                    "DDTREE KV move: %s",
+                    "accepted rows only" if mover is not None
+                    else f"the pool's own ({type(pool).__name__} keeps other rows)",
+                )  # fmt: skip
+            self._kv_mover = mover or pool_move(pool)
+        return self._kv_mover
 
     def _committed_target_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         rows, self._accept_rows = self._accept_rows, None
