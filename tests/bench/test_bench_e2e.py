@@ -174,6 +174,10 @@ def _start_and_wait_for_records(out: Path, n: int) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal sends it, however the suite itself was started: a process
+        # started in the background of a non-interactive shell inherits SIGINT ignored, and
+        # Python then installs no KeyboardInterrupt handler.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 180
     jsonl = out / "requests.jsonl"
