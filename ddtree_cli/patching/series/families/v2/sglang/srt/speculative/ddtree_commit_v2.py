@@ -206,6 +206,9 @@ def window_kv_move(pool):
     ptrs, strides = pool.data_ptrs, pool.data_strides
     widest = int(strides.max())
     tiles = -(-widest // _MOVE_TILE)
+    # Rows of whole 8-byte words (every usual KV row) are copied a word at a time; the
+    # buffers themselves come from PyTorch's allocator, aligned far beyond that.
+    unit = 8 if bool((strides % 8 == 0).all()) else 1
     kernel = _move_kernel()
 
     def move(targets, sources, commit_lens):
@@ -213,7 +216,7 @@ def window_kv_move(pool):
         width = int(targets.numel()) // max(b, 1)
         kernel[(b, int(ptrs.numel()), tiles)](
             ptrs, strides, targets, sources, commit_lens, width,
-            WP=ddtree_tree._pow2(width), TILE=_MOVE_TILE,
+            WP=ddtree_tree._pow2(width), TILE=_MOVE_TILE // unit, UNIT=unit,
         )  # fmt: skip
 
     return move
@@ -237,12 +240,13 @@ def _move_kernel():
     @triton.jit
     def move(
         data_ptrs, data_strides, targets, sources, commit_lens, width,
-        WP: tl.constexpr, TILE: tl.constexpr,
+        WP: tl.constexpr, TILE: tl.constexpr, UNIT: tl.constexpr,
     ):  # fmt: skip
+        # TILE and the row stride in UNIT-byte words (8: int64, 1: bytes)
         req = tl.program_id(0)
         buf = tl.program_id(1)
         tile = tl.program_id(2)
-        stride = tl.load(data_strides + buf)
+        stride = tl.load(data_strides + buf) // UNIT
         if tile * TILE < stride:
             k = tl.arange(0, WP)
             inside = k < width
@@ -252,7 +256,8 @@ def _move_kernel():
             rows = inside & (k < n) & (src != tgt)
             off = tile * TILE + tl.arange(0, TILE)
             ok = rows[:, None] & (off < stride)[None, :]
-            data = tl.load(data_ptrs + buf).to(tl.pointer_type(tl.uint8))
+            word = tl.int64 if UNIT == 8 else tl.uint8
+            data = tl.load(data_ptrs + buf).to(tl.pointer_type(word))
             vals = tl.load(data + src[:, None] * stride + off[None, :], mask=ok)
             tl.debug_barrier()  # every source read before any target is written
             tl.store(data + tgt[:, None] * stride + off[None, :], vals, mask=ok)
