@@ -799,35 +799,45 @@ def kv_move_choice() -> dict:
 
 def window_move_case(walk, target, prefix, window) -> str | None:
     """``ddtree_commit_v2.window_kv_move`` (in Triton's interpreter) against SGLang's own
-    ``MHATokenToKVPool.move_kv_cache`` (its tiled copy kernel, interpreted too) on one real
-    pool class with small CPU buffers, for the moves ``commit_round`` computes from this
-    round: None when every buffer ends equal and only moved rows changed, else what differs
-    (or why it did not run)."""
-    from sglang.srt.speculative.ddtree_commit_v2 import commit_round, pool_move, window_kv_move
+    ``MHATokenToKVPool.move_kv_cache`` (its tiled copy kernel, interpreted too) on the
+    release's real pool class with small CPU buffers, rows of whole 8-byte words (copied a
+    word at a time) and of 6 bytes (a byte at a time), for the moves ``commit_round`` computes
+    from this round: None when every buffer ends equal and something moved, else what
+    differs (or why it did not run)."""
+    from sglang.srt.speculative.ddtree_commit_v2 import commit_round
 
     if not ddtree_tree._want_triton(target, True):
         return "the kernel would not run (no Triton, or not under its interpreter)"
     commit = commit_round(walk, target, prefix, window, use_triton=False)
-    try:
-        pool = real_mha_pool(int(window.max()) + 8)
-        k, v = pool.k_buffer, pool.v_buffer
-        mover = window_kv_move(pool)
-        if mover is None:
-            return "window_kv_move refused SGLang's own MHATokenToKVPool"
-        start = [t.clone() for t in k + v]
-        pool_move(pool)(commit.kv_targets, commit.kv_sources, commit.commit_lens)
-        own = [t.clone() for t in k + v]
-        for t, s0 in zip(k + v, start, strict=True):
-            t.copy_(s0)
-        mover(commit.kv_targets, commit.kv_sources, commit.commit_lens)
-    except Exception as exc:  # the test decides
-        return f"{type(exc).__name__}: {exc}"
-    if not all(torch.equal(a, t) for a, t in zip(own, k + v, strict=True)):
+    moves = (commit.kv_targets, commit.kv_sources, commit.commit_lens)
+    for heads, dim in ((2, 8), (1, 3)):
+        try:
+            pool = real_mha_pool(int(window.max()) + 8, heads=heads, dim=dim)
+            differ = _moves_differ(pool, moves)
+        except Exception as exc:  # the test decides
+            return f"{heads}x{dim}: {type(exc).__name__}: {exc}"
+        if differ:
+            return f"{heads}x{dim}: {differ}"
+    return None
+
+
+def _moves_differ(pool, moves) -> str | None:
+    """The pool's own move against ``window_kv_move`` from the same state."""
+    from sglang.srt.speculative.ddtree_commit_v2 import pool_move, window_kv_move
+
+    mover = window_kv_move(pool)
+    if mover is None:
+        return "window_kv_move refused SGLang's own MHATokenToKVPool"
+    bufs = pool.k_buffer + pool.v_buffer
+    start = [t.clone() for t in bufs]
+    pool_move(pool)(*moves)
+    own = [t.clone() for t in bufs]
+    for t, s0 in zip(bufs, start, strict=True):
+        t.copy_(s0)
+    mover(*moves)
+    if not all(torch.equal(a, t) for a, t in zip(own, bufs, strict=True)):
         return "the buffers differ from the pool's own move"
-    moved = int(((commit.kv_targets != commit.kv_sources) & (commit.kv_targets != 0)).sum())
-    changed = {int(r) for t, s0 in zip(k + v, start, strict=True)
-               for r in (t != s0).flatten(1).any(1).nonzero().view(-1)}  # fmt: skip
-    if moved and not changed:
+    if all(torch.equal(a, s0) for a, s0 in zip(own, start, strict=True)):
         return "nothing moved"
     return None
 
