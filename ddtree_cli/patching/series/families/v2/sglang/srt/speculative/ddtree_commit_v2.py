@@ -229,7 +229,9 @@ _MOVE_TILE = 512
 def _env_on(name: str) -> bool:
     import os
 
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    from sglang.srt.speculative.ddtree_round_graphs import ON
+
+    return os.environ.get(name, "").strip().lower() in ON
 
 
 @lru_cache(maxsize=1)
