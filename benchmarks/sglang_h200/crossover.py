@@ -119,7 +119,7 @@ def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool 
     for cmds, on in ((out, 0), (graph_cmds, 1)):
         for name, (port, cmd) in cmds.items():
             if name.startswith("ddtree-"):
-                switch = SWITCHES.get(name[-1])
+                switch = _split_switch(name)[1]
                 extra = [f"{switch[0]}=1"] if switch else []
                 out[name] = (port, ["env", f"{GRAPHS_ENV}={on}", *extra, *cmd])
     return out
@@ -136,12 +136,19 @@ MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
 SWITCHES = {"v": (VERIFY_ENV, "-verify"), "m": (MOVE_ENV, "-move")}
 
 
+def _split_switch(text: str) -> tuple[str, tuple[str, str] | None]:
+    """``15v`` -> (``15``, the ``v`` switch); ``15`` or ``auto`` -> (itself, None)."""
+    switch = SWITCHES.get(text[-1:])
+    return (text[:-1], switch) if switch else (text, None)
+
+
 def _graph_budgets(text: str) -> list:
     """``--graphs``: budgets, ``auto``, and budgets with a switch letter (``SWITCHES``), e.g.
     ``15,15m,auto``."""
     out = []
     for x in (x.strip() for x in text.split(",") if x.strip()):
-        if x != "auto" and not (x.isdigit() or (x[-1:] in SWITCHES and x[:-1].isdigit())):
+        base = _split_switch(x)[0]
+        if x != "auto" and not base.isdigit():
             letters = "/".join(f"N{k}" for k in SWITCHES)
             raise argparse.ArgumentTypeError(f"--graphs: {x!r} is not a budget, {letters} or auto")
         out.append(int(x) if x.isdigit() else x)
@@ -150,7 +157,7 @@ def _graph_budgets(text: str) -> list:
 
 def _budget_of(entry) -> int | str:
     """A ``--graphs`` entry's budget: ``15v`` -> 15."""
-    return int(entry[:-1]) if isinstance(entry, str) and entry[-1:] in SWITCHES else entry
+    return int(_split_switch(entry)[0]) if isinstance(entry, str) and entry != "auto" else entry
 
 
 def arm_of(server: str) -> str:
@@ -158,10 +165,8 @@ def arm_of(server: str) -> str:
     ``ddtree-auto``, ``ddtree-g15`` -> ``ddtree-b15-graphs``, ``ddtree-gauto`` ->
     ``ddtree-auto-graphs``, ``ddtree-g15v`` -> ``ddtree-b15-graphs-verify``, ``ddtree-g15m``
     -> ``ddtree-b15-graphs-move``."""
-    kind, budget = server[len("ddtree-")], server[len("ddtree-") + 1 :]
-    switch = SWITCHES.get(budget[-1])
-    if switch:
-        budget = budget[:-1]
+    kind = server[len("ddtree-")]
+    budget, switch = _split_switch(server[len("ddtree-") + 1 :])
     arm = "ddtree-auto" if budget == "auto" else f"ddtree-b{budget}"
     return arm + ("-graphs" if kind == "g" else "") + (switch[1] if switch else "")
 

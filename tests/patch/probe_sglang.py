@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -742,16 +743,19 @@ def real_mha_pool(slots: int, layers: int = 2, heads: int = 2, dim: int = 8):
     """SGLang's own ``MHATokenToKVPool`` with small CPU buffers: the fields its move reads set
     here (its constructor's arguments differ between releases), its copy configuration from
     its own ``_init_kv_copy_and_warmup`` (which runs its tiled copy kernel once)."""
+    from sglang.srt.environ import envs
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     pool = object.__new__(MHATokenToKVPool)
+    if "use_native_move_kv_cache" in inspect.getsource(MHATokenToKVPool.__init__):
+        pool.use_native_move_kv_cache = envs.SGLANG_NATIVE_MOVE_KV_CACHE.get()  # 0.5.16 on
     shape = (slots + 1, heads, dim)
     k = [torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(layers)]
     v = [torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(layers)]
     pool.__dict__.update(
         size=slots, page_size=1, layer_num=layers, device="cpu", dtype=torch.bfloat16,
         head_num=heads, head_dim=dim, k_buffer=k, v_buffer=v, use_hnd=False,
-        use_native_move_kv_cache=False, start_layer=0, end_layer=layers - 1,
+        start_layer=0, end_layer=layers - 1,
         data_ptrs=torch.tensor([t.data_ptr() for t in k + v], dtype=torch.int64),
         data_strides=torch.tensor([heads * dim * 2] * (2 * layers), dtype=torch.int64),
         k_scale_buffer=None, v_scale_buffer=None, native_k_scale_buffer=None,
@@ -764,9 +768,8 @@ def real_mha_pool(slots: int, layers: int = 2, heads: int = 2, dim: int = 8):
 def kv_move_choice() -> dict:
     """Which KV move the v2 worker's ``_kv_move`` picks: the pool's own unless
     ``SGLANG_DDTREE_WINDOW_KV_MOVE`` is on and the pool is SGLang's plain
-    ``MHATokenToKVPool``; a pool of another kind keeps its own."""
-    import os
-
+    ``MHATokenToKVPool`` on its tiled copy; a pool of another kind, a quantised one and one
+    under SGLang's own native-move switch keep their own."""
     from sglang.srt.speculative.ddtree_commit_v2 import WINDOW_MOVE_ENV
 
     def picked(pool, env):
@@ -776,25 +779,40 @@ def kv_move_choice() -> dict:
                 token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: pool)
             )
         )
-        saved = os.environ.pop(WINDOW_MOVE_ENV, None)
-        if env is not None:
-            os.environ[WINDOW_MOVE_ENV] = env
-        try:
+        with environ(**{WINDOW_MOVE_ENV: env}):
             return worker._kv_move().__qualname__.split(".")[0]
-        finally:
-            os.environ.pop(WINDOW_MOVE_ENV, None)
-            if saved is not None:
-                os.environ[WINDOW_MOVE_ENV] = saved
 
     real, fake, scaled = real_mha_pool(64), FakeAllocator(), real_mha_pool(64)
     scaled.native_k_scale_buffer = [torch.ones(65)]  # quantised KV: its scales move too
+    with environ(SGLANG_NATIVE_MOVE_KV_CACHE="1"):  # the pool's attribute, or read per move
+        native = picked(real_mha_pool(64), "1")
     return {
         "default": picked(real, None),
         "on": picked(real, "1"),
         "off": picked(real, "0"),
         "on_other_pool": picked(fake, "1"),
         "on_quantised_pool": picked(scaled, "1"),
+        "on_native_move": native,
     }
+
+
+@contextlib.contextmanager
+def environ(**values):
+    """``os.environ`` with ``values`` set (None: unset) inside the block, as before after it."""
+    import os
+
+    saved = {name: os.environ.get(name) for name in values}
+    try:
+        for name, value in values.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
 
 
 def window_move_case(walk, target, prefix, window) -> str | None:

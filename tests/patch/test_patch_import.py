@@ -246,7 +246,8 @@ def test_the_window_kv_move_is_behind_its_switch(probe):
     """v2: the accept moves KV through the pool's own ``move_kv_cache`` unless
     ``SGLANG_DDTREE_WINDOW_KV_MOVE`` is on; on, through ``window_kv_move`` where the pool is
     SGLang's plain ``MHATokenToKVPool`` (built from the release's own class), and through the
-    pool's own move for any other pool or a quantised one (whose scales move too)."""
+    pool's own move for any other pool, a quantised one (whose scales move too) and one under
+    SGLang's own native-move switch."""
     version, facts = probe
     if is_v1(version):
         pytest.skip("the v1 worker verifies with SGLang's own tree kernels")
@@ -256,6 +257,7 @@ def test_the_window_kv_move_is_behind_its_switch(probe):
         "off": "pool_move",
         "on_other_pool": "pool_move",
         "on_quantised_pool": "pool_move",
+        "on_native_move": "pool_move",
     }
 
 

@@ -184,28 +184,30 @@ def window_kv_move(pool):
     never cross requests (each reads and writes its own verify window), so that is the
     same in-place safety. ``targets`` / ``sources`` are ``[b * W]`` as ``commit_round`` lays
     them out."""
+    from sglang.srt.environ import envs
     from sglang.srt.mem_cache import memory_pool
 
     base = getattr(memory_pool, "MHATokenToKVPool", None)
     cls = type(pool)
+    # The native move as the pool reads it: its attribute (0.5.16 on), else the switch
+    # itself (0.5.14, 0.5.15 read it at every move).
+    native = getattr(pool, "use_native_move_kv_cache", None)
     if (
         base is None
         or cls.move_kv_cache is not base.move_kv_cache
         or getattr(cls, "_move_kv_cache_impl", None) is not getattr(base, "_move_kv_cache_impl", None)
-        or getattr(pool, "_kv_copy_config", None) is None  # no tiled copy: not this layout
-        or getattr(pool, "use_hnd", False)
-        or getattr(pool, "use_native_move_kv_cache", False)
-        or _env_on("SGLANG_NATIVE_MOVE_KV_CACHE")  # 0.5.14 - 0.5.16 read it per move
-        or int(getattr(pool, "page_size", 1)) != 1
-        or int(getattr(pool, "layer_num", 0)) == 0
+        # No tiled copy configured (every v2 release leaves it None for an HND layout and
+        # for a pool without layers): not slot rows this kernel can copy.
+        or getattr(pool, "_kv_copy_config", None) is None
+        or (envs.SGLANG_NATIVE_MOVE_KV_CACHE.get() if native is None else native)
         # quantised KV: the pool's move carries its scales too (0.5.21 on: FP4 scales)
         or getattr(pool, "k_scale_buffer", None) is not None
         or getattr(pool, "native_k_scale_buffer", None) is not None
     ):
         return None
     ptrs, strides = pool.data_ptrs, pool.data_strides
-    widest = int(strides.max())
-    tiles = -(-widest // _MOVE_TILE)
+    buffers = int(ptrs.numel())
+    tiles = -(-int(strides.max()) // _MOVE_TILE)
     # Rows of whole 8-byte words (every usual KV row) are copied a word at a time; the
     # buffers themselves come from PyTorch's allocator, aligned far beyond that.
     unit = 8 if bool((strides % 8 == 0).all()) else 1
@@ -214,7 +216,7 @@ def window_kv_move(pool):
     def move(targets, sources, commit_lens):
         b = int(commit_lens.shape[0])
         width = int(targets.numel()) // max(b, 1)
-        kernel[(b, int(ptrs.numel()), tiles)](
+        kernel[(b, buffers, tiles)](
             ptrs, strides, targets, sources, commit_lens, width,
             WP=ddtree_tree._pow2(width), TILE=_MOVE_TILE // unit, UNIT=unit,
         )  # fmt: skip
@@ -224,14 +226,6 @@ def window_kv_move(pool):
 
 # Bytes of a slot row one program copies (a request's rows times this, held in registers).
 _MOVE_TILE = 512
-
-
-def _env_on(name: str) -> bool:
-    import os
-
-    from sglang.srt.speculative.ddtree_round_graphs import ON
-
-    return os.environ.get(name, "").strip().lower() in ON
 
 
 @lru_cache(maxsize=1)
