@@ -392,6 +392,12 @@ def main() -> int:
     ap.add_argument("--breakdown-budgets", default="16,64,256")
     ap.add_argument("--breakdown-paths", default="torch,triton")
     ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="then profile the Triton round's graph at the breakdown's batches and budgets:"
+        " each kernel's GPU time and the idle gap before it, per replay (torch.profiler)",
+    )
+    ap.add_argument(
         "--tune",
         action="store_true",
         help="first pick the kernels' warp divisors and switches (tree_rise, tree_narrow,"
@@ -494,6 +500,8 @@ def main() -> int:
         print_table(rows)
     if args.breakdown:
         breakdown(args, dev, gen, triton_ok)
+    if args.kernels and triton_ok:
+        kernel_profile(args, dev, gen)
     return 0
 
 
@@ -599,6 +607,64 @@ def breakdown(args, dev, gen, triton_ok: bool) -> int:
                 out = {k: round(time_graph(fn, args.iters), 1) for k, fn in stages.items()}
                 name = "triton" if tri else "torch"
                 print(json.dumps({"batch": b, "budget": budget, "path": name, **out}), flush=True)
+
+
+def kernel_profile(args, dev, gen) -> None:
+    """Where a replay of the Triton round's graph goes: per kernel, in launch order, its
+    median GPU time and the median idle time between the previous kernel's end and its
+    start; and the span from the first kernel's start to the last one's end (the replay's
+    launch overhead before the first kernel is not in it). One JSON line per cell."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for b in [int(x) for x in args.breakdown_batches.split(",")]:
+        for budget in [int(x) for x in args.breakdown_budgets.split(",")]:
+            logits, budget, _, _, _, roots, prefix, numel, target = stage_inputs(
+                args, dev, gen, b, budget
+            )
+            fn = make_round(logits, budget, roots, prefix, target, numel, True)
+            graph, _ = capture(fn)
+            torch.cuda.synchronize()
+            iters = max(10, args.iters)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(iters):
+                    graph.replay()
+                    torch.cuda.synchronize()
+            kernels = sorted(
+                (e for e in prof.events() if e.device_type.name == "CUDA"),
+                key=lambda e: e.time_range.start,
+            )
+            per = len(kernels) // iters
+            if per == 0 or per * iters != len(kernels):
+                print(
+                    json.dumps(
+                        {
+                            "batch": b,
+                            "budget": budget,
+                            "kernels_error": f"{len(kernels)} events, {iters} replays",
+                        }
+                    )
+                )
+                continue  # fmt: skip
+            rows, spans = [], []
+            for i in range(per):
+                mine = kernels[i::per]
+                gaps = [
+                    k.time_range.start - kernels[j * per + i - 1].time_range.end
+                    for j, k in enumerate(mine)
+                    if i > 0
+                ]
+                rows.append({
+                    "name": mine[0].name[:60],
+                    "us": round(statistics.median(k.time_range.elapsed_us() for k in mine), 2),
+                    "gap_before_us": round(statistics.median(gaps), 2) if gaps else None,
+                })  # fmt: skip
+            for j in range(iters):
+                first, last = kernels[j * per], kernels[j * per + per - 1]
+                spans.append(last.time_range.end - first.time_range.start)
+            out = {"batch": b, "budget": budget, "logits": args.logits,
+                   "span_us": round(statistics.median(spans), 2),
+                   "kernel_us": round(sum(r["us"] for r in rows), 2), "kernels": rows}  # fmt: skip
+            print(json.dumps(out), flush=True)
 
 
 def print_table(rows) -> None:
