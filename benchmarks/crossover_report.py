@@ -24,11 +24,12 @@ from pathlib import Path
 # (``crossover.py --graphs``: the same server with the round's head and tree replayed from
 # CUDA graphs), which sorts after the arms without, or ``-graphs-verify`` (``--graphs 15v``:
 # with the v2 verify inputs' graphs too) and ``-graphs-move`` (``--graphs 15m``: the v2
-# accept's KV move of the accepted rows only), after those, in that order.
-ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))(-graphs(?:-verify|-move)?)?$")
+# accept's KV move of the accepted rows only) and ``-graphs-pdl`` (``--graphs 15p``: the tree
+# kernels launched with programmatic dependent launch), after those, in that order.
+ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))(-graphs(?:-verify|-move|-pdl)?)?$")
 SUFFIXES = {
     None: "", "-graphs": " graphs", "-graphs-verify": " graphs+verify",
-    "-graphs-move": " graphs+move",
+    "-graphs-move": " graphs+move", "-graphs-pdl": " graphs+pdl",
 }  # fmt: skip
 
 

@@ -133,7 +133,8 @@ MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
 # (off by default until the twenty-first GPU run, on since: ``15`` alone now gets them too, as
 # a user's server does); ``m``: the accept's KV move of the accepted rows only
 # (``ddtree_commit_v2.window_kv_move``, off by default).
-SWITCHES = {"v": (VERIFY_ENV, "-verify"), "m": (MOVE_ENV, "-move")}
+PDL_ENV = "DDTREE_PDL"
+SWITCHES = {"v": (VERIFY_ENV, "-verify"), "m": (MOVE_ENV, "-move"), "p": (PDL_ENV, "-pdl")}
 
 
 def _split_switch(text: str) -> tuple[str, tuple[str, str] | None]:
@@ -468,7 +469,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"only); Nv: budget N with {VERIFY_ENV}=1 too (arm ddtree-bN-graphs-verify; the v2 "
         "releases' verify-input graphs, on by default since the twenty-first GPU run, so that "
         f"N alone has them too); Nm: budget N with {MOVE_ENV}=1 (arm ddtree-bN-graphs-move: "
-        "the v2 accept moves only the accepted rows' KV), e.g. 15,15m,auto",
+        "the v2 accept moves only the accepted rows' KV); Np: budget N with "
+        f"{PDL_ENV}=1 (arm ddtree-bN-graphs-pdl: the tree kernels launched with programmatic "
+        "dependent launch), e.g. 15,15m,auto",
     )
     p.add_argument(
         "--no-agree",

@@ -517,3 +517,18 @@ def test_cpu_path_never_needs_triton(monkeypatch):
         assert walk.accept_len.shape == (2,)
     finally:
         dt._triton_importable.cache_clear()
+
+
+def test_pdl_follows_its_environment_switch_over_the_tuning(monkeypatch):
+    """``DDTREE_PDL`` switches programmatic dependent launch in a process whose tuning nobody
+    sets (a server's copy of this module): 1 on, 0 off, anything else or unset the tuning's.
+    Off the GPU the launches stay plain whatever is asked."""
+    for tuning, env, want in [(0, None, False), (1, None, True), (0, "1", True),
+                              (1, "0", False), (1, "yes", True), (0, "", False)]:  # fmt: skip
+        monkeypatch.setitem(dt._TUNING, "pdl", tuning)
+        if env is None:
+            monkeypatch.delenv(dt.PDL_ENV, raising=False)
+        else:
+            monkeypatch.setenv(dt.PDL_ENV, env)
+        assert dt._pdl_wanted() is want, (tuning, env)
+        assert dt._pdl(torch.device("cpu")) == {"PDL": False}

@@ -77,7 +77,13 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
     assert m["ddtree-g15m"][1][:3] == [
         "env", "SGLANG_DDTREE_ROUND_GRAPHS=1", "SGLANG_DDTREE_WINDOW_KV_MOVE=1"]  # fmt: skip
     assert "SGLANG_DDTREE_WINDOW_KV_MOVE=1" not in m["ddtree-g15"][1]
-    for bad in ("15x", "autov", "v", "m", "automm", "15vm"):
+    # 15p: budget 15 once more, its tree kernels launched with programmatic dependent launch.
+    pdl = crossover.servers_for(tmp_path, args, [], "0.5.17",
+                                graphs=crossover._graph_budgets("15,15p"))  # fmt: skip
+    assert pdl["ddtree-g15p"][1][:3] == ["env", "SGLANG_DDTREE_ROUND_GRAPHS=1", "DDTREE_PDL=1"]
+    assert "DDTREE_PDL=1" not in pdl["ddtree-g15"][1]
+    assert crossover.arm_of("ddtree-g15p") == "ddtree-b15-graphs-pdl"
+    for bad in ("15x", "autov", "v", "m", "p", "automm", "15vm", "15mp"):
         with pytest.raises(crossover.main.__globals__["argparse"].ArgumentTypeError):
             crossover._graph_budgets(bad)
     # Phase A of graph servers only (--budgets-a= --graphs 15,64,auto): no port shared.
