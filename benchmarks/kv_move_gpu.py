@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import bundle_args  # noqa: E402
 import round_graphs_gpu as rgg  # noqa: E402
 
 V2 = ROOT / "ddtree_cli/patching/series/families/v2/sglang/srt/speculative"
@@ -117,17 +117,9 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--state", type=Path, help="an installed GPU bundle's folder (run.py's)")
-    ap.add_argument(
-        "--device", default="cuda",
-        help="cpu: the equality check only, under TRITON_INTERPRET=1 (no timing)",
-    )  # fmt: skip
+    bundle_args.add(ap)
     args = ap.parse_args()
-    if args.state:
-        sys.path.insert(0, str(ROOT / "benchmarks" / "sglang_h200"))
-        import run  # noqa: E402
-
-        sys.path[:0] = run.server_env(args.state)["PYTHONPATH"].split(os.pathsep)
+    bundle_args.use(args)
     dev = torch.device(args.device)
     commit = load_commit()
     batches = [int(x) for x in args.batches.split(",")]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -37,6 +36,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bundle_args  # noqa: E402
 
 from ddtree_cli import draft_tree as dt  # noqa: E402
 
@@ -96,17 +97,9 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--state", type=Path, help="an installed GPU bundle's folder (run.py's)")
-    ap.add_argument(
-        "--device", default="cuda",
-        help="cpu: the checks only, under TRITON_INTERPRET=1 (no timing)",
-    )  # fmt: skip
+    bundle_args.add(ap)
     args = ap.parse_args()
-    if args.state:
-        sys.path.insert(0, str(ROOT / "benchmarks" / "sglang_h200"))
-        import run  # noqa: E402
-
-        sys.path[:0] = run.server_env(args.state)["PYTHONPATH"].split(os.pathsep)
+    bundle_args.use(args)
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         print("needs a CUDA GPU (or --device cpu under TRITON_INTERPRET=1)", file=sys.stderr)
