@@ -635,16 +635,9 @@ def kernel_profile(args, dev, gen) -> None:
             )
             per = len(kernels) // iters
             if per == 0 or per * iters != len(kernels):
-                print(
-                    json.dumps(
-                        {
-                            "batch": b,
-                            "budget": budget,
-                            "kernels_error": f"{len(kernels)} events, {iters} replays",
-                        }
-                    )
-                )
-                continue  # fmt: skip
+                error = f"{len(kernels)} kernels in {iters} replays"
+                print(json.dumps({"batch": b, "budget": budget, "kernels_error": error}))
+                continue
             rows, spans = [], []
             for i in range(per):
                 mine = kernels[i::per]

@@ -10,7 +10,9 @@ two: the same batch, prefixes and width, timed as
 
 - ``chain``: causal, no mask (DFLASH's verify);
 - ``chain_mask``: the same chain written as a FULL_MASK custom mask (what the mask costs);
-- ``tree``: a real DDTREE tree's mask (``draft_tree``, Zipf-like draft rows) of the same width.
+- ``tree``: a real DDTREE tree's mask (``draft_tree``, Zipf-like draft rows) of the same width;
+
+both masks built by ``draft_tree.verify_inputs``, as a DDTREE round builds them.
 
 Each variant's output is checked against PyTorch attention with the same visibility first
 (``max_err``). Times: CUDA events around ``--iters`` launches, the variants in turns,
@@ -51,23 +53,15 @@ def extend_kernel():
     return extend_attention_fwd
 
 
-def tree_visibility(b: int, n: int, gen, dev) -> torch.Tensor:
-    """[b, n, n] visibility (row sees column) of real DDTREE trees of ``n - 1`` nodes built
-    from Zipf-like draft rows (``draft_tree_gpu.zipf_logits``) with ``n - 1`` positions."""
+def tree(b: int, n: int, sharpness: float | None, gen, dev) -> dt.DraftTree:
+    """Real DDTREE trees of ``n - 1`` nodes over ``n - 1`` positions, built from Zipf-like
+    draft rows (``draft_tree_gpu.zipf_logits``): of varying sharpness (None), or so sharp
+    that every tree is the rank-0 chain."""
     import draft_tree_gpu
 
-    logits = draft_tree_gpu.zipf_logits((b, n - 1, 4096), gen, dev)
-    tree = dt.build_tree(logits, n - 1, use_triton=False)
-    return tree.visibility.to(dev)
-
-
-def full_mask(vis: torch.Tensor, prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The FULL_MASK layout (``draft_tree.verify_inputs``): per request ``n`` rows of
-    ``prefix + n`` entries, the prefix all visible; and its ``mask_indptr``."""
-    b, n, _ = vis.shape
-    rows = torch.cat([torch.ones((b, n, prefix), dtype=torch.bool, device=vis.device), vis], -1)
-    indptr = torch.arange(b + 1, device=vis.device, dtype=torch.int64) * (n * (prefix + n))
-    return rows.reshape(-1).contiguous(), indptr
+    lo, hi = (1.0, 6.0) if sharpness is None else (sharpness, sharpness)
+    logits = draft_tree_gpu.zipf_logits((b, n - 1, 4096), gen, dev, lo, hi)
+    return dt.build_tree(logits, n - 1)
 
 
 def reference(q, k_buf, v_buf, b, n, prefix, vis, scale) -> torch.Tensor:
@@ -124,11 +118,16 @@ def main() -> int:
             qo_indptr = torch.arange(b + 1, device=dev, dtype=torch.int32) * n
             kv_indptr = torch.arange(b + 1, device=dev, dtype=torch.int32) * prefix
             chain = torch.ones((n, n), dtype=torch.bool, device=dev).tril().expand(b, n, n)
-            tree = tree_visibility(b, n, gen, dev)
             variants = {"chain": (None, None, chain)}
-            for name, vis in (("chain_mask", chain), ("tree", tree)):
-                mask, indptr = full_mask(vis, prefix)
-                variants[name] = (mask, indptr, vis)
+            # The mask and its offsets as a DDTREE round sends them (draft_tree.verify_inputs).
+            roots = torch.zeros((b,), dtype=torch.int64, device=dev)
+            prefix_lens = torch.full((b,), prefix, dtype=torch.int64, device=dev)
+            for name, sharpness in (("chain_mask", 60.0), ("tree", None)):
+                built = tree(b, n, sharpness, gen, dev)
+                inputs = dt.verify_inputs(built, roots, prefix_lens)
+                variants[name] = (inputs.tree_mask, inputs.mask_indptr, built.visibility)
+            if not torch.equal(variants["chain_mask"][2], chain):
+                raise SystemExit("the sharp rows did not give the rank-0 chain")
             outs = {name: torch.empty_like(q) for name in variants}
 
             def launch(name):

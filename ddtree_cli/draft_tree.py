@@ -711,8 +711,8 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 # start overlaps the previous kernel's end: exact, 2-4 % faster in an H100 run of the tree
 # benchmark, off until a server has run with it (docs/performance.md). Two other switches
 # timed in that run (the log-probs held in registers, a counting sort) were slower on every
-# kind of row and were removed. `DDTREE_PDL=1` turns `pdl` on in a process (a server) and
-# `DDTREE_PDL=0` off, whatever `_TUNING` says.
+# kind of row and were removed. `DDTREE_PDL=1` in a process's environment turns `pdl` on
+# from its start (a server, whose copy of this module nobody tunes), read once here.
 PDL_ENV = "DDTREE_PDL"
 _TUNING: dict[str, int] = {
     "tree_div": 128,
@@ -721,7 +721,7 @@ _TUNING: dict[str, int] = {
     "tree_exit": 1,
     "tree_rise": 1,
     "tree_narrow": 1,
-    "pdl": 0,
+    "pdl": int(os.environ.get(PDL_ENV) == "1"),
 }
 
 
@@ -735,15 +735,8 @@ def _pdl(device: torch.device) -> dict:
     finish before touching memory, so it can only hide launch latency (also between the
     nodes of a CUDA graph), never change a result. NVIDIA GPUs of compute capability 9+
     with a Triton that knows ``launch_pdl``; elsewhere the launches are plain."""
-    on = _pdl_wanted() and not _interpreting() and _pdl_capable(device)
+    on = bool(_TUNING["pdl"]) and not _interpreting() and _pdl_capable(device)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
-
-
-def _pdl_wanted() -> bool:
-    """``DDTREE_PDL=1`` (or ``0``) where it is set, else ``_TUNING["pdl"]``: a server's copy
-    of this module is switched by its environment, the benchmark's by ``--pdl``."""
-    env = os.environ.get(PDL_ENV)
-    return env == "1" if env in ("0", "1") else bool(_TUNING["pdl"])
 
 
 @lru_cache(maxsize=16)

@@ -519,16 +519,25 @@ def test_cpu_path_never_needs_triton(monkeypatch):
         dt._triton_importable.cache_clear()
 
 
-def test_pdl_follows_its_environment_switch_over_the_tuning(monkeypatch):
-    """``DDTREE_PDL`` switches programmatic dependent launch in a process whose tuning nobody
-    sets (a server's copy of this module): 1 on, 0 off, anything else or unset the tuning's.
+def test_pdl_is_on_from_the_start_of_a_process_with_its_environment_switch():
+    """``DDTREE_PDL=1`` turns programmatic dependent launch on in a process whose tuning
+    nobody sets (a server's copy of this module); unset, ``0`` or anything else leaves it off.
     Off the GPU the launches stay plain whatever is asked."""
-    for tuning, env, want in [(0, None, False), (1, None, True), (0, "1", True),
-                              (1, "0", False), (1, "yes", True), (0, "", False)]:  # fmt: skip
-        monkeypatch.setitem(dt._TUNING, "pdl", tuning)
-        if env is None:
-            monkeypatch.delenv(dt.PDL_ENV, raising=False)
-        else:
-            monkeypatch.setenv(dt.PDL_ENV, env)
-        assert dt._pdl_wanted() is want, (tuning, env)
+    import os
+    import subprocess
+    import sys
+
+    code = "from ddtree_cli import draft_tree as dt; print(dt._TUNING['pdl'])"
+    for env, want in [(None, "0"), ("1", "1"), ("0", "0"), ("yes", "0")]:
+        environ = {k: v for k, v in os.environ.items() if k != dt.PDL_ENV}
+        if env is not None:
+            environ[dt.PDL_ENV] = env
+        got = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True,
+                             text=True, check=True).stdout.strip()  # fmt: skip
+        assert got == want, (env, got)
+    tuning = dict(dt._TUNING)
+    try:
+        dt._TUNING["pdl"] = 1
         assert dt._pdl(torch.device("cpu")) == {"PDL": False}
+    finally:
+        dt._TUNING.update(tuning)
