@@ -25,11 +25,13 @@ from pathlib import Path
 # CUDA graphs), which sorts after the arms without, or ``-graphs-verify`` (``--graphs 15v``:
 # with the v2 verify inputs' graphs too) and ``-graphs-move`` (``--graphs 15m``: the v2
 # accept's KV move of the accepted rows only) and ``-graphs-pdl`` (``--graphs 15p``: the tree
-# kernels launched with programmatic dependent launch), after those, in that order.
-ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))(-graphs(?:-verify|-move|-pdl)?)?$")
+# kernels launched with programmatic dependent launch) and ``-graphs-control`` (``--graphs
+# 15c``: a second server exactly like ``-graphs``), after those, in that order.
+ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))(-graphs(?:-verify|-move|-pdl|-control)?)?$")
 SUFFIXES = {
     None: "", "-graphs": " graphs", "-graphs-verify": " graphs+verify",
     "-graphs-move": " graphs+move", "-graphs-pdl": " graphs+pdl",
+    "-graphs-control": " graphs (control)",
 }  # fmt: skip
 
 
@@ -81,6 +83,50 @@ def cells(results: Path) -> list[dict]:
                     "confounds": summary["confounds"]["differences"],
                 })  # fmt: skip
     return sorted(out, key=lambda c: (budget_order(c["budget"]), c["concurrency"]))
+
+
+def agreement(results: Path) -> list[dict]:
+    """Output agreement per bench folder (``requests.jsonl``), greedy outputs compared token
+    for token: for every two arms, the requests of one prompt and trial whose outputs are
+    equal; for every arm, the prompts whose output was the same in all its trials (two
+    servers can differ where one server's own trials do: at high concurrency a batch's
+    makeup follows timing, and a bf16 near-tie follows the batch)."""
+    out = []
+    for requests in sorted(results.glob("*/requests.jsonl")):
+        outputs: dict[str, dict] = {}
+        for line in requests.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("ok") and r.get("output_ids") is not None:
+                outputs.setdefault(r["arm"], {})[(r["prompt_id"], r["trial"])] = r["output_ids"]
+        arms = sorted(outputs, key=lambda a: (a != "dflash", a))
+        for i, a in enumerate(arms):
+            prompts: dict[str, set] = {}
+            for (prompt, _), ids in outputs[a].items():
+                prompts.setdefault(prompt, set()).add(tuple(ids))
+            out.append(
+                {
+                    "bench": requests.parent.name,
+                    "arms": [a],
+                    "same": sum(len(v) == 1 for v in prompts.values()),
+                    "of": len(prompts),
+                    "unit": "prompts",
+                }
+            )
+            for b in arms[i + 1 :]:
+                both = outputs[a].keys() & outputs[b].keys()
+                same = sum(outputs[a][k] == outputs[b][k] for k in both)
+                out.append({"bench": requests.parent.name, "arms": [a, b], "same": same,
+                            "of": len(both), "unit": "requests"})  # fmt: skip
+    return out
+
+
+def agreement_table(rows: list[dict]) -> str:
+    lines = ["| bench | arms | same output | of |", "|---|---|---:|---:|"]
+    for r in rows:
+        what = (f"{r['arms'][0]} (its own trials)" if len(r["arms"]) == 1
+                else " = ".join(r["arms"]))  # fmt: skip
+        lines.append(f"| {r['bench']} | {what} | {r['same']} | {r['of']} {r['unit']} |")
+    return "\n".join(lines)
 
 
 def _ci(ci: list[float] | None) -> str:
@@ -155,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no bench folder with ddtree-bN arms under {args.results}", file=sys.stderr)
         return 1
     print(table(rows))
+    same = agreement(args.results)
+    if same:
+        print("\nOutputs compared token for token (greedy):\n")
+        print(agreement_table(same))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     if args.png:

@@ -7,7 +7,9 @@ Standard library only, like run.py, whose steps it strings together (the bundle 
 prepare.py's, with the trained pair; ``contents.json`` names the SGLang release). In order,
 each step recorded in ``map/progress.json`` under the state folder so that the next call
 resumes where this one stopped (a step that would run past ``--until`` is not started; exit 3
-means "call again"):
+means "call again"). The map's arguments (its arms, budgets, concurrencies, ...) are those of
+the first call that names any of them, recorded in ``progress.json``: later calls may leave
+them out, and one that names a different value is refused (``settle_map_args``). In order:
 
 1. receive the pieces, install;
 2. ``scale``: the trained pair in Qwen3-8B's shape, built here (``ckpt/scaled``);
@@ -120,7 +122,7 @@ def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool 
         for name, (port, cmd) in cmds.items():
             if name.startswith("ddtree-"):
                 switch = _split_switch(name)[1]
-                extra = [f"{switch[0]}=1"] if switch else []
+                extra = [f"{switch[0]}=1"] if switch and switch[0] else []
                 out[name] = (port, ["env", f"{GRAPHS_ENV}={on}", *extra, *cmd])
     return out
 
@@ -132,9 +134,14 @@ MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
 # own arm (``ddtree-bN-graphs`` + the suffix). ``v``: the verify inputs replayed from graphs
 # (off by default until the twenty-first GPU run, on since: ``15`` alone now gets them too, as
 # a user's server does); ``m``: the accept's KV move of the accepted rows only
-# (``ddtree_commit_v2.window_kv_move``, off by default).
+# (``ddtree_commit_v2.window_kv_move``, off by default); ``p``: the tree kernels launched with
+# programmatic dependent launch; ``c``: no switch at all, a second server exactly like budget
+# N's (arm ``-control``): how often two servers of one configuration emit different tokens
+# (timing decides a batch's makeup, and with it bf16 near-ties), against which a switch's
+# arm is read.
 PDL_ENV = "DDTREE_PDL"
-SWITCHES = {"v": (VERIFY_ENV, "-verify"), "m": (MOVE_ENV, "-move"), "p": (PDL_ENV, "-pdl")}
+SWITCHES = {"v": (VERIFY_ENV, "-verify"), "m": (MOVE_ENV, "-move"), "p": (PDL_ENV, "-pdl"),
+            "c": (None, "-control")}  # fmt: skip
 
 
 def _split_switch(text: str) -> tuple[str, tuple[str, str] | None]:
@@ -362,9 +369,13 @@ def estimate(v: run.Validation, step: str) -> str:
 
 
 def crossover(v: run.Validation) -> int:
-    args, state = v.args, v.state
+    if problem := settle_map_args(v):
+        return v.finish(f"refused: {problem}", 2)
     if (code := run.receive_and_install(v)) is not None:
         return code
+    if problem := settle_map_args(v):  # none named so far: the defaults, once installed
+        return v.finish(f"refused: {problem}", 2)
+    args, state = v.args, v.state
     c = run.contents(state)
     if args.prompt_file is None and "heldout" in c.get("prompts", []):
         args.prompt_file = "heldout"
@@ -434,7 +445,60 @@ def crossover(v: run.Validation) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The map's arguments, checked (a mistake exits with argparse's one-line error)."""
+    """The map's arguments, checked (a mistake exits with argparse's one-line error), with
+    ``given``: the options this call named (``settle_map_args``)."""
+    p = _parser()
+    args = p.parse_args(argv)
+    _check(p, args)
+    quiet = _parser()
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+    args.given = sorted(vars(quiet.parse_args(argv)))
+    return args
+
+
+# Options of one call rather than of the map: where the pieces come from and the results go,
+# the call's time, and which map and state it works on.
+CALL_OPTIONS = frozenset({"state", "pieces", "out", "until", "map", "given"})
+
+
+def _comparable(value):
+    return json.loads(json.dumps(value))
+
+
+def settle_map_args(v: run.Validation) -> str | None:
+    """Fix a map's arguments once, so that a call that leaves them out resumes the same map.
+
+    The first call that names any map option (everything but ``CALL_OPTIONS``), or, if none
+    ever does, the first one past the install, records the map's arguments in
+    ``progress.json`` (``args``); every later call takes the recorded value of each option
+    it does not name, and is refused (the problem, one line) where it names a different
+    one: the servers, arms and steps of a map are those it started with. (A call that left
+    them out used to run the defaults on a map started otherwise: five 8B-cost servers on an
+    80 GB card, one killed for memory at start-up.)"""
+    args = v.args
+    named = [k for k in args.given if k not in CALL_OPTIONS]
+    recorded = v.progress.get("args")
+    if recorded is None:
+        if named or v.done("install"):
+            v.progress["args"] = {k: _comparable(x) for k, x in vars(args).items()
+                                  if k not in CALL_OPTIONS}  # fmt: skip
+            v.save()
+        return None
+    differ = [k for k in named if k in recorded and _comparable(getattr(args, k)) != recorded[k]]
+    if differ:
+        k = differ[0]
+        return (
+            f"--{k.replace('_', '-')} {getattr(args, k)!r} differs from map "
+            f"{args.map!r}'s {recorded[k]!r} (its arguments are fixed by its first call: "
+            "name the same, none, or start another --map)"
+        )
+    for k, x in recorded.items():
+        setattr(args, k, x)
+    return None
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--state", default=os.environ.get("DDTREE_H200_STATE", "/tmp/ddtree-h200"))
     p.add_argument("--vocab", type=int, default=260)
@@ -471,7 +535,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"N alone has them too); Nm: budget N with {MOVE_ENV}=1 (arm ddtree-bN-graphs-move: "
         "the v2 accept moves only the accepted rows' KV); Np: budget N with "
         f"{PDL_ENV}=1 (arm ddtree-bN-graphs-pdl: the tree kernels launched with programmatic "
-        "dependent launch), e.g. 15,15m,auto",
+        "dependent launch); Nc: budget N once more with no switch (arm ddtree-bN-graphs-control: "
+        "two servers of one configuration, the noise floor of output agreement), e.g. "
+        "15,15m,auto",
     )
     p.add_argument(
         "--no-agree",
@@ -518,7 +584,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-bs", type=int, default=32)
     p.add_argument("--base", type=int, default=30000)
     p.add_argument("--small-base", type=int, default=31000)
-    args = p.parse_args(argv)
+    return p
+
+
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.warmup != "c" and not (args.warmup.isdigit()):
         p.error(f"--warmup must be a number of requests or 'c', got {args.warmup!r}")
     if args.no_plain and not args.no_agree:
@@ -533,7 +602,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--profile-budgets must be phase-A budgets")
     if not set(args.profile_graphs) <= set(args.graphs):
         p.error("--profile-graphs must be --graphs entries")
-    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,20 +62,21 @@ def test_an_auto_arm_is_a_row_after_the_numbered_budgets(tmp_path):
 
 
 def test_graph_arms_are_rows_after_the_arms_without():
-    """``crossover.py --graphs 15,auto,64v,15m,15p`` adds ``ddtree-b15-graphs``,
-    ``ddtree-auto-graphs``, ``ddtree-b64-graphs-verify``, ``ddtree-b15-graphs-move`` and
-    ``ddtree-b15-graphs-pdl``: each its own row, after every arm without graphs, the
-    verify-input graphs' after those, then the window KV move's, the PDL launches' last."""
+    """``crossover.py --graphs 15,auto,64v,15m,15p,15c`` adds ``ddtree-b15-graphs``,
+    ``ddtree-auto-graphs``, ``ddtree-b64-graphs-verify``, ``ddtree-b15-graphs-move``,
+    ``ddtree-b15-graphs-pdl`` and ``ddtree-b15-graphs-control``: each its own row, after every
+    arm without graphs, the verify-input graphs' after those, then the window KV move's, the
+    PDL launches', the control's last."""
     report = _report()
-    arms = ["ddtree-b15-graphs-pdl", "ddtree-b15-graphs-move", "ddtree-auto-graphs",
-            "ddtree-b64-graphs-verify", "ddtree-b64", "ddtree-b15-graphs", "ddtree-auto",
-            "ddtree-b15"]  # fmt: skip
+    arms = ["ddtree-b15-graphs-control", "ddtree-b15-graphs-pdl", "ddtree-b15-graphs-move",
+            "ddtree-auto-graphs", "ddtree-b64-graphs-verify", "ddtree-b64", "ddtree-b15-graphs",
+            "ddtree-auto", "ddtree-b15"]  # fmt: skip
     budgets = [report.arm_budget(a) for a in arms]
-    assert budgets == ["15 graphs+pdl", "15 graphs+move", "auto graphs", "64 graphs+verify", 64,
-                       "15 graphs", "auto", 15]  # fmt: skip
+    assert budgets == ["15 graphs (control)", "15 graphs+pdl", "15 graphs+move", "auto graphs",
+                       "64 graphs+verify", 64, "15 graphs", "auto", 15]  # fmt: skip
     assert sorted(budgets, key=report.budget_order) == [
         15, 64, "auto", "15 graphs", "auto graphs", "64 graphs+verify", "15 graphs+move",
-        "15 graphs+pdl"]  # fmt: skip
+        "15 graphs+pdl", "15 graphs (control)"]  # fmt: skip
     assert not report.ARM.match("ddtree-graphs") and not report.ARM.match("ddtree-b15-graph")
     assert not report.ARM.match("ddtree-b15-verify")
 
@@ -101,3 +102,45 @@ def test_the_heat_map_is_written(tmp_path):
     report = _report()
     assert report.main([str(RESULTS), "--png", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+WINDOW_MOVE = REPO / "benchmarks" / "results" / "sglang_h100_2026-12-06_window_move"
+
+
+def test_outputs_are_compared_token_for_token_per_prompt_and_trial(tmp_path):
+    """The agreement table on a real run (H100, patched SGLang 0.5.17, the 8B-cost pair: two
+    DDTREE servers and DFLASH at 8 and 32): for every two arms, the requests of one prompt
+    and trial with equal outputs; for every arm, its prompts equal over all trials. Checked
+    against the requests themselves, then on a copy with one token changed."""
+    report = _report()
+    rows = report.agreement(WINDOW_MOVE)
+    assert {r["bench"] for r in rows} == {"A-c8", "A-c32"}
+    requests = [json.loads(x) for x in (WINDOW_MOVE / "A-c8" / "requests.jsonl").read_text()
+                .splitlines()]  # fmt: skip
+    by = {(r["arm"], r["prompt_id"], r["trial"]): r["output_ids"] for r in requests}
+    a, b = "ddtree-b15-graphs", "ddtree-b15-graphs-move"
+    pair = next(r for r in rows if r["bench"] == "A-c8" and r["arms"] == [a, b])
+    keys = [(p, t) for (arm, p, t) in by if arm == a]
+    assert pair["of"] == len(keys) == 200
+    assert pair["same"] == sum(by[(a, *k)] == by[(b, *k)] for k in keys) < pair["of"]
+    own = next(r for r in rows if r["bench"] == "A-c8" and r["arms"] == [a])
+    assert (own["same"], own["of"], own["unit"]) == (40, 40, "prompts")
+    # One token of one request of arm a changed: that prompt is no longer stable in a, and
+    # one request fewer agrees with b.
+    copy = tmp_path / "run" / "A-c8"
+    copy.mkdir(parents=True)
+    k = next(k for k in keys if by[(a, *k)] == by[(b, *k)])
+    lines = []
+    for r in requests:
+        if (r["arm"], r["prompt_id"], r["trial"]) == (a, *k):
+            r["output_ids"] = [r["output_ids"][0] + 1, *r["output_ids"][1:]]
+        lines.append(json.dumps(r))
+    (copy / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    changed = report.agreement(tmp_path / "run")
+    assert next(r for r in changed if r["arms"] == [a, b])["same"] == pair["same"] - 1
+    assert next(r for r in changed if r["arms"] == [a])["same"] == 39
+    table = report.agreement_table(rows).splitlines()
+    assert (
+        len(table) == 2 + len(rows)
+        and f"| A-c8 | {a} = {b} | {pair['same']} | 200 requests |" in table
+    )

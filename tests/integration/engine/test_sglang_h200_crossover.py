@@ -83,7 +83,15 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
     assert pdl["ddtree-g15p"][1][:3] == ["env", "SGLANG_DDTREE_ROUND_GRAPHS=1", "DDTREE_PDL=1"]
     assert "DDTREE_PDL=1" not in pdl["ddtree-g15"][1]
     assert crossover.arm_of("ddtree-g15p") == "ddtree-b15-graphs-pdl"
-    for bad in ("15x", "autov", "v", "m", "p", "automm", "15vm", "15mp"):
+    # 15c: budget 15 once more with no switch at all, the control of a switch's arm.
+    ctl = crossover.servers_for(tmp_path, args, [], "0.5.17",
+                                graphs=crossover._graph_budgets("15,15c"))  # fmt: skip
+    assert ctl["ddtree-g15c"][1][:2] == ["env", "SGLANG_DDTREE_ROUND_GRAPHS=1"]
+    assert [x for x in ctl["ddtree-g15c"][1] if x != str(ctl["ddtree-g15c"][0])] == [
+        x for x in ctl["ddtree-g15"][1] if x != str(ctl["ddtree-g15"][0])]  # fmt: skip
+    assert ctl["ddtree-g15c"][0] != ctl["ddtree-g15"][0]
+    assert crossover.arm_of("ddtree-g15c") == "ddtree-b15-graphs-control"
+    for bad in ("15x", "autov", "v", "m", "p", "c", "automm", "autoc", "15vm", "15mp", "15cc"):
         with pytest.raises(crossover.main.__globals__["argparse"].ArgumentTypeError):
             crossover._graph_budgets(bad)
     # Phase A of graph servers only (--budgets-a= --graphs 15,64,auto): no port shared.
@@ -143,7 +151,10 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
         assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
         status = json.loads((out / "status.json").read_text())
         assert status["todo"] == ["install"] and not list(state.glob("*.pid"))
-        proc = _run(tmp_path, *flags)
+        # The map's arguments were recorded by that first call: this one names none of them
+        # and runs the same map (with the defaults it would start five servers other than
+        # these, on other ports).
+        proc = _run(tmp_path, "--out", str(out))
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         status = json.loads((out / "status.json").read_text())
         assert status["status"] == "done", status
@@ -188,6 +199,16 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
         assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-1])["done"] == sorted(
             {"install", *steps}
         )
+        # A call naming another value of a map option is refused in one line, changing nothing.
+        before = json.loads((state / "map" / "progress.json").read_text())
+        proc = _run(tmp_path, *flags, "--trials", "5")
+        status = json.loads((out / "status.json").read_text())
+        assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert status["status"].startswith("refused: --trials 5 differs from map 'map''s 3 ")
+        assert "\n" not in status["status"]
+        after = json.loads((state / "map" / "progress.json").read_text())
+        assert after["done"] == before["done"] and after["args"] == before["args"]
+        assert after["args"]["trials"] == 3 and after["args"]["budgets_a"] == [8, 4]
     finally:
         load_script("run").main(["--state", str(state), "stop", "all"])
 
