@@ -15,8 +15,12 @@ two: the same batch, prefixes and width, timed as
 both masks built by ``draft_tree.verify_inputs``, as a DDTREE round builds them.
 
 Each variant's output is checked against PyTorch attention with the same visibility first
-(``max_err``). Times: CUDA events around ``--iters`` launches, the variants in turns,
-median of ``--repeats``. On the GPU machine, with a bundle installed by
+(``max_err``). Times: CUDA events around ``--iters`` replays of a CUDA graph holding one
+launch (``NAME_us``: the kernel's device time, as in a server, whose verify forward is
+replayed from SGLang's graphs) and around ``--iters`` launches from Python (``NAME_eager_us``:
+bounded below by the launch's host time, about 90 µs a call on an H100, so at small batches
+and prefixes it times the host, not the mask), the variants in turns, median of
+``--repeats``. The first run (2026-12-06) timed eager launches only. On the GPU machine, with a bundle installed by
 ``sglang_h200/run.py`` (``--state``; SGLang then comes from the bundle, as its servers' does):
 
     python3 benchmarks/verify_attention_gpu.py --state /tmp/ddtree-h200 --json attn.json
@@ -42,6 +46,31 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bundle_args  # noqa: E402
 
 from ddtree_cli import draft_tree as dt  # noqa: E402
+
+
+def capture(fn):
+    """``fn`` in a CUDA graph (warmed up on a side stream first)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def timed(fn, iters: int) -> float:
+    """µs a call: CUDA events around ``iters`` calls."""
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / iters
 
 
 def extend_kernel():
@@ -142,22 +171,32 @@ def main() -> int:
                 err = float((outs[name].float() - ref.float()).abs().max())
                 row[f"{name}_max_err"] = round(err, 5)
                 ok &= err < 0.05
-            times = {name: [] for name in variants}
+            graphs = {}
+            try:
+                if dev.type == "cuda":
+                    graphs = {name: capture(lambda name=name: launch(name)) for name in variants}
+            except RuntimeError as exc:  # eager times only, and why
+                row["graph_error"] = str(exc).splitlines()[0][:300]
+                graphs = {}
+            if graphs:  # the replay writes what the launch wrote
+                for name, graph in graphs.items():
+                    before = outs[name].clone()
+                    outs[name].zero_()
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    ok &= torch.equal(outs[name], before)
+            times = {f"{name}{kind}": [] for name in variants for kind in ("", "_eager")}
             for _ in range(args.repeats if dev.type == "cuda" else 0):
                 for name in variants:
-                    start = torch.cuda.Event(enable_timing=True)
-                    end = torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(args.iters):
-                        launch(name)
-                    end.record()
-                    torch.cuda.synchronize()
-                    times[name].append(start.elapsed_time(end) * 1000 / args.iters)
+                    if graphs:
+                        times[name].append(timed(graphs[name].replay, args.iters))
+                    times[f"{name}_eager"].append(timed(lambda: launch(name), args.iters))
             for name, ts in times.items():
                 if ts:
                     row[f"{name}_us"] = round(statistics.median(ts), 2)
-            if "tree_us" in row:
+            if "tree_us" in row and "chain_us" in row:
                 row["tree_over_chain"] = round(row["tree_us"] / row["chain_us"], 3)
+                row["mask_over_chain"] = round(row["chain_mask_us"] / row["chain_us"], 3)
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.json:
