@@ -26,12 +26,13 @@ from pathlib import Path
 # with the v2 verify inputs' graphs too) and ``-graphs-move`` (``--graphs 15m``: the v2
 # accept's KV move of the accepted rows only) and ``-graphs-pdl`` (``--graphs 15p``: the tree
 # kernels launched with programmatic dependent launch) and ``-graphs-control`` (``--graphs
-# 15c``: a second server exactly like ``-graphs``), after those, in that order.
-ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))(-graphs(?:-verify|-move|-pdl|-control)?)?$")
+# 15c``: a second server exactly like ``-graphs``) and ``-graphs-movecheck`` (``--graphs 15k``:
+# both KV moves every round, compared), after those, in that order.
+ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))(-graphs(?:-verify|-move|-pdl|-control|-movecheck)?)?$")
 SUFFIXES = {
     None: "", "-graphs": " graphs", "-graphs-verify": " graphs+verify",
     "-graphs-move": " graphs+move", "-graphs-pdl": " graphs+pdl",
-    "-graphs-control": " graphs (control)",
+    "-graphs-control": " graphs (control)", "-graphs-movecheck": " graphs+move check",
 }  # fmt: skip
 
 

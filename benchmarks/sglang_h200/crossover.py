@@ -122,7 +122,7 @@ def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool 
         for name, (port, cmd) in cmds.items():
             if name.startswith("ddtree-"):
                 switch = _split_switch(name)[1]
-                extra = [f"{switch[0]}=1"] if switch and switch[0] else []
+                extra = [f"{switch[0]}={switch[2]}"] if switch and switch[0] else []
                 out[name] = (port, ["env", f"{GRAPHS_ENV}={on}", *extra, *cmd])
     return out
 
@@ -138,10 +138,13 @@ MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
 # programmatic dependent launch; ``c``: no switch at all, a second server exactly like budget
 # N's (arm ``-control``): how often two servers of one configuration emit different tokens
 # (timing decides a batch's makeup, and with it bf16 near-ties), against which a switch's
-# arm is read.
+# arm is read; ``k``: the KV move checked, both moves every round, the pool's result kept
+# (``SGLANG_DDTREE_WINDOW_KV_MOVE=check``; its counts go to ``A-cN.kv-move-check.json``).
+# Each: (variable, arm suffix, value).
 PDL_ENV = "DDTREE_PDL"
-SWITCHES = {"v": (VERIFY_ENV, "-verify"), "m": (MOVE_ENV, "-move"), "p": (PDL_ENV, "-pdl"),
-            "c": (None, "-control")}  # fmt: skip
+SWITCHES = {"v": (VERIFY_ENV, "-verify", "1"), "m": (MOVE_ENV, "-move", "1"),
+            "p": (PDL_ENV, "-pdl", "1"), "c": (None, "-control", None),
+            "k": (MOVE_ENV, "-movecheck", "check")}  # fmt: skip
 
 
 def _split_switch(text: str) -> tuple[str, tuple[str, str] | None]:
@@ -319,7 +322,8 @@ def state_keys(server: str) -> tuple[str, ...]:
 # A v2 ``--graphs`` server's step graphs (the accept, and with ``Nv`` the verify inputs, per
 # batch size): kept when its /server_info has them (0.5.13's worker has none).
 STEP_KEYS = {"speculative_ddtree_accept_graphs": "accept-graphs",
-             "speculative_ddtree_verify_graphs": "verify-graphs"}  # fmt: skip
+             "speculative_ddtree_verify_graphs": "verify-graphs",
+             "speculative_ddtree_kv_move_check": "kv-move-check"}  # fmt: skip
 
 
 def ddtree_states(port: int, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
@@ -536,8 +540,9 @@ def _parser() -> argparse.ArgumentParser:
         "the v2 accept moves only the accepted rows' KV); Np: budget N with "
         f"{PDL_ENV}=1 (arm ddtree-bN-graphs-pdl: the tree kernels launched with programmatic "
         "dependent launch); Nc: budget N once more with no switch (arm ddtree-bN-graphs-control: "
-        "two servers of one configuration, the noise floor of output agreement), e.g. "
-        "15,15m,auto",
+        "two servers of one configuration, the noise floor of output agreement); Nk: budget N "
+        f"with {MOVE_ENV}=check (arm ddtree-bN-graphs-movecheck: both KV moves every round, "
+        "the pool's result kept, differences counted), e.g. 15,15m,auto",
     )
     p.add_argument(
         "--no-agree",

@@ -793,6 +793,8 @@ def kv_move_choice() -> dict:
         "on_other_pool": picked(fake, "1"),
         "on_quantised_pool": picked(scaled, "1"),
         "on_native_move": native,
+        "check": picked(real_mha_pool(64), "check"),
+        "check_other_pool": picked(FakeAllocator(), "check"),
     }
 
 
@@ -857,6 +859,28 @@ def _moves_differ(pool, moves) -> str | None:
         return "the buffers differ from the pool's own move"
     if all(torch.equal(a, s0) for a, s0 in zip(own, start, strict=True)):
         return "nothing moved"
+    return _checked_move_differs(pool, moves, mover, start, own)
+
+
+def _checked_move_differs(pool, moves, window, start, own) -> str | None:
+    """``checked_kv_move`` (``SGLANG_DDTREE_WINDOW_KV_MOVE=check``) from the same state: with
+    the window move it leaves the pool's own result and counts one round, no difference;
+    with a "fast" move that moves nothing it still leaves the pool's own result and counts
+    the round as differing, by the moved rows."""
+    from sglang.srt.speculative.ddtree_commit_v2 import checked_kv_move, pool_move
+
+    bufs = pool.k_buffer + pool.v_buffer
+    moved = sum(int((a != s0).reshape(a.shape[0], -1).any(1).sum())
+                for a, s0 in zip(own, start, strict=True))  # fmt: skip
+    for fast, want in ((window, [1, 0, 0]), (lambda *_: None, [1, 1, moved])):
+        for t, s0 in zip(bufs, start, strict=True):
+            t.copy_(s0)
+        checked = checked_kv_move(pool, fast, pool_move(pool))
+        checked(*moves)
+        if not all(torch.equal(a, t) for a, t in zip(own, bufs, strict=True)):
+            return "checked_kv_move did not leave the pool's own move's result"
+        if checked.counts.tolist() != want or checked.snapshot()["differing_rows"] != want[2]:
+            return f"checked_kv_move counted {checked.counts.tolist()}, not {want}"
     return None
 
 

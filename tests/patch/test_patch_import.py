@@ -234,7 +234,8 @@ def assert_window_fronts(r: dict) -> None:
     window starts with its accepted nodes' KV, in path order, and no other slot changed
     (the commit kernel, run in Triton's interpreter, equal to its PyTorch path; the
     accepted-rows-only move, ``SGLANG_DDTREE_WINDOW_KV_MOVE``, equal to SGLang's own pool
-    move on SGLang's ``MHATokenToKVPool``)."""
+    move on SGLang's ``MHATokenToKVPool``; ``checked_kv_move`` keeps the pool's result and counts
+    a move that differs from it)."""
     assert r["moves"] == 1
     assert r["window_fronts"] == r["expected_fronts"]
     assert set(r["changed_slots"]) <= set(r["front_slots"])
@@ -247,7 +248,8 @@ def test_the_window_kv_move_is_behind_its_switch(probe):
     ``SGLANG_DDTREE_WINDOW_KV_MOVE`` is on; on, through ``window_kv_move`` where the pool is
     SGLang's plain ``MHATokenToKVPool`` (built from the release's own class), and through the
     pool's own move for any other pool, a quantised one (whose scales move too) and one under
-    SGLang's own native-move switch."""
+    SGLang's own native-move switch. ``check``: both every round (``checked_kv_move``), where
+    there is a window move to check; the pool's own elsewhere."""
     version, facts = probe
     if is_v1(version):
         pytest.skip("the v1 worker verifies with SGLang's own tree kernels")
@@ -258,6 +260,8 @@ def test_the_window_kv_move_is_behind_its_switch(probe):
         "on_other_pool": "pool_move",
         "on_quantised_pool": "pool_move",
         "on_native_move": "pool_move",
+        "check": "checked_kv_move",
+        "check_other_pool": "pool_move",
     }
 
 

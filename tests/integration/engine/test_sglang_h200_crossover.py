@@ -91,7 +91,14 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
         x for x in ctl["ddtree-g15"][1] if x != str(ctl["ddtree-g15"][0])]  # fmt: skip
     assert ctl["ddtree-g15c"][0] != ctl["ddtree-g15"][0]
     assert crossover.arm_of("ddtree-g15c") == "ddtree-b15-graphs-control"
-    for bad in ("15x", "autov", "v", "m", "p", "c", "automm", "autoc", "15vm", "15mp", "15cc"):
+    # 15k: budget 15 once more, both KV moves every round, compared.
+    chk = crossover.servers_for(tmp_path, args, [], "0.5.17",
+                                graphs=crossover._graph_budgets("15,15k"))  # fmt: skip
+    assert chk["ddtree-g15k"][1][:3] == [
+        "env", "SGLANG_DDTREE_ROUND_GRAPHS=1", "SGLANG_DDTREE_WINDOW_KV_MOVE=check"]  # fmt: skip
+    assert crossover.arm_of("ddtree-g15k") == "ddtree-b15-graphs-movecheck"
+    assert crossover.STEP_KEYS["speculative_ddtree_kv_move_check"] == "kv-move-check"
+    for bad in ("15x", "autov", "v", "m", "p", "c", "k", "automm", "autoc", "15vm", "15kk"):
         with pytest.raises(crossover.main.__globals__["argparse"].ArgumentTypeError):
             crossover._graph_budgets(bad)
     # Phase A of graph servers only (--budgets-a= --graphs 15,64,auto): no port shared.

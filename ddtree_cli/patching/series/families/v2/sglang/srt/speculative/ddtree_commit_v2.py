@@ -29,8 +29,9 @@ import torch
 
 from sglang.srt.speculative import ddtree_tree
 
-# The v2 worker's switch for ``window_kv_move`` (off unless on: not yet run in a server).
+# The v2 worker's switch for ``window_kv_move`` (off unless on; ``check``: ``checked_kv_move``).
 WINDOW_MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
+WINDOW_MOVE_CHECK = "check"
 
 
 @dataclass
@@ -221,6 +222,42 @@ def window_kv_move(pool):
             WP=ddtree_tree._pow2(width), TILE=_MOVE_TILE // unit, UNIT=unit,
         )  # fmt: skip
 
+    return move
+
+
+def checked_kv_move(pool, fast, own):
+    """``move(targets, sources, commit_lens)`` that runs both moves every round from the same
+    pool, for ``SGLANG_DDTREE_WINDOW_KV_MOVE=check``: ``fast`` (``window_kv_move``) first,
+    the window's rows it leaves set aside, the rows put back, then ``own`` (the pool's
+    ``move_kv_cache``), whose result stays, so the server serves what the default one does.
+    ``move.counts`` (on the device: rounds, rounds where the two left different rows, rows
+    times buffers that differed) is kept without a host sync, so the accept graphs capture
+    it as it is: whether the window move ever leaves a pool other than the pool's own move
+    does, in a server's real rounds. A diagnostic: per round and buffer, three gathers and
+    a scatter of the window's rows."""
+    buffers = list(pool.k_buffer) + list(pool.v_buffer)
+    counts = torch.zeros(3, dtype=torch.int64, device=buffers[0].device)
+
+    def move(targets, sources, commit_lens):
+        before = [t.index_select(0, targets) for t in buffers]
+        fast(targets, sources, commit_lens)
+        got = [t.index_select(0, targets) for t in buffers]
+        for t, rows in zip(buffers, before):
+            t.index_copy_(0, targets, rows)
+        own(targets, sources, commit_lens)
+        differ = torch.stack([
+            (t.index_select(0, targets) != g).reshape(g.shape[0], -1).any(1).sum()
+            for t, g in zip(buffers, got)
+        ]).sum()  # fmt: skip
+        counts[0] += 1
+        counts[1] += (differ > 0).to(torch.int64)
+        counts[2] += differ
+
+    def snapshot() -> dict:
+        rounds, differing, rows = (int(x) for x in counts.tolist())
+        return {"rounds": rounds, "differing_rounds": differing, "differing_rows": rows}
+
+    move.counts, move.snapshot = counts, snapshot
     return move
 
 

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 from typing import Optional
@@ -71,8 +72,10 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import ddtree_budget_policy, ddtree_tree
 from sglang.srt.speculative.ddtree_commit_v2 import (
+    WINDOW_MOVE_CHECK,
     WINDOW_MOVE_ENV,
     accept_round,
+    checked_kv_move,
     pool_move,
     window_kv_move,
 )
@@ -223,6 +226,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             state["speculative_ddtree_accept_graphs"] = self._accept_graphs.snapshot()
         if self._verify_graphs is not None:
             state["speculative_ddtree_verify_graphs"] = self._verify_graphs.snapshot()
+        if hasattr(self._kv_mover, "snapshot"):
+            state["speculative_ddtree_kv_move_check"] = self._kv_mover.snapshot()
         return state
 
     def _drafter_block_size_arg(self) -> int:
@@ -272,6 +277,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         graphs, then the round graphs (unless switched off) and the warm-up, in the draft
         head's own parallel placement where the release has one."""
         super().init_cuda_graphs()
+        if _kv_move_checked():  # its counters allocated now, not inside a graph's capture
+            self._kv_move()
         with self._draft_head_context():
             tp_group = get_parallel().tp_group
             # The round graphs first: every capture empties PyTorch's allocator caches, so
@@ -557,11 +564,22 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def _kv_move(self):
         """The accept's KV move: the pool's ``move_kv_cache`` (every window row), or with
         ``SGLANG_DDTREE_WINDOW_KV_MOVE`` on, ``ddtree_commit_v2.window_kv_move`` (the accepted
-        rows only, one launch) where the pool keeps plain slot rows; chosen once, logged."""
+        rows only, one launch) where the pool keeps plain slot rows; with it ``check``, both
+        every round (``ddtree_commit_v2.checked_kv_move``: the pool's result kept, the
+        differences counted in ``/server_info``); chosen once, logged."""
         if self._kv_mover is None:
             pool = self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache()
             mover = None
-            if round_graphs_requested(False, WINDOW_MOVE_ENV, "window KV move"):
+            if _kv_move_checked():
+                fast = window_kv_move(pool)
+                mover = fast and checked_kv_move(pool, fast, pool_move(pool))
+                logger.info(
+                    "DDTREE KV move: %s",
+                    "the pool's own, checked every round against the accepted rows' move"
+                    if mover is not None
+                    else f"the pool's own ({type(pool).__name__} keeps other rows: no check)",
+                )  # fmt: skip
+            elif round_graphs_requested(False, WINDOW_MOVE_ENV, "window KV move"):
                 mover = window_kv_move(pool)
                 logger.info(
                     "DDTREE KV move: %s",
@@ -579,6 +597,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if rows is None:
             return hidden
         return hidden.reshape(-1, hidden.shape[-1])[rows]
+
+
+def _kv_move_checked() -> bool:
+    """``SGLANG_DDTREE_WINDOW_KV_MOVE=check``: both KV moves every round, compared."""
+    return os.environ.get(WINDOW_MOVE_ENV, "").strip().lower() == WINDOW_MOVE_CHECK
 
 
 def _mask_prefix_tokens(runner, most: int) -> int:
