@@ -180,6 +180,17 @@ def replay_times(graph, iters: int) -> list[float]:
     return times
 
 
+def block_us(fn, iters: int) -> float:
+    """Device microseconds per call: CUDA events around ``iters`` calls in a row."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / iters
+
+
 def time_graph(fn, iters: int, outputs: list | None = None) -> float:
     """Median replay time of a CUDA graph of ``fn``; ``outputs`` (a list) receives the
     graph's output tensors."""
@@ -644,8 +655,7 @@ def kernel_profile(args, dev, gen) -> None:
                 gaps = [
                     k.time_range.start - kernels[j * per + i - 1].time_range.end
                     for j, k in enumerate(mine)
-                    if i > 0
-                ]
+                ] if i else []  # fmt: skip
                 rows.append({
                     "name": mine[0].name[:60],
                     "us": round(statistics.median(k.time_range.elapsed_us() for k in mine), 2),

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bundle_args  # noqa: E402
+import draft_tree_gpu  # noqa: E402
 import round_graphs_gpu as rgg  # noqa: E402
 
 V2 = ROOT / "ddtree_cli/patching/series/families/v2/sglang/srt/speculative"
@@ -93,16 +94,7 @@ def round_moves(b: int, width: int, window: int, mean_len: float, gen, dev):
 
 def timed(fn, iters: int, repeats: int) -> float:
     """Median over ``repeats`` of the device microseconds per call of ``iters`` calls."""
-    out = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        out.append(start.elapsed_time(end) * 1000 / iters)
-    return statistics.median(out)
+    return statistics.median(draft_tree_gpu.block_us(fn, iters) for _ in range(repeats))
 
 
 def main() -> int:

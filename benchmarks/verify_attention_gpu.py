@@ -20,8 +20,8 @@ launch (``NAME_us``: the kernel's device time, as in a server, whose verify forw
 replayed from SGLang's graphs) and around ``--iters`` launches from Python (``NAME_eager_us``:
 bounded below by the launch's host time, about 90 µs a call on an H100, so at small batches
 and prefixes it times the host, not the mask), the variants in turns, median of
-``--repeats``. The first run (2026-12-06) timed eager launches only. On the GPU machine, with a bundle installed by
-``sglang_h200/run.py`` (``--state``; SGLang then comes from the bundle, as its servers' does):
+``--repeats``. The first run (2026-12-06) timed eager launches only. On the GPU machine,
+with a bundle installed by ``sglang_h200/run.py`` (``--state``; SGLang then comes from the bundle, as its servers' does):
 
     python3 benchmarks/verify_attention_gpu.py --state /tmp/ddtree-h200 --json attn.json
 """
@@ -44,33 +44,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bundle_args  # noqa: E402
+import draft_tree_gpu  # noqa: E402
 
 from ddtree_cli import draft_tree as dt  # noqa: E402
-
-
-def capture(fn):
-    """``fn`` in a CUDA graph (warmed up on a side stream first)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
-def timed(fn, iters: int) -> float:
-    """µs a call: CUDA events around ``iters`` calls."""
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / iters
 
 
 def extend_kernel():
@@ -174,10 +150,10 @@ def main() -> int:
             graphs = {}
             try:
                 if dev.type == "cuda":
-                    graphs = {name: capture(lambda name=name: launch(name)) for name in variants}
+                    graphs = {name: draft_tree_gpu.capture(lambda name=name: launch(name))[0]
+                              for name in variants}  # fmt: skip
             except RuntimeError as exc:  # eager times only, and why
                 row["graph_error"] = str(exc).splitlines()[0][:300]
-                graphs = {}
             if graphs:  # the replay writes what the launch wrote
                 for name, graph in graphs.items():
                     before = outs[name].clone()
@@ -189,8 +165,10 @@ def main() -> int:
             for _ in range(args.repeats if dev.type == "cuda" else 0):
                 for name in variants:
                     if graphs:
-                        times[name].append(timed(graphs[name].replay, args.iters))
-                    times[f"{name}_eager"].append(timed(lambda: launch(name), args.iters))
+                        times[name].append(draft_tree_gpu.block_us(graphs[name].replay, args.iters))
+                    times[f"{name}_eager"].append(
+                        draft_tree_gpu.block_us(lambda: launch(name), args.iters)
+                    )
             for name, ts in times.items():
                 if ts:
                     row[f"{name}_us"] = round(statistics.median(ts), 2)

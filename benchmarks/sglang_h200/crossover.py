@@ -147,7 +147,7 @@ SWITCHES = {"v": (VERIFY_ENV, "-verify", "1"), "m": (MOVE_ENV, "-move", "1"),
             "k": (MOVE_ENV, "-movecheck", "check")}  # fmt: skip
 
 
-def _split_switch(text: str) -> tuple[str, tuple[str, str] | None]:
+def _split_switch(text: str) -> tuple[str, tuple[str | None, str, str | None] | None]:
     """``15v`` -> (``15``, the ``v`` switch); ``15`` or ``auto`` -> (itself, None)."""
     switch = SWITCHES.get(text[-1:])
     return (text[:-1], switch) if switch else (text, None)
