@@ -27,12 +27,16 @@ from pathlib import Path
 # accept's KV move of the accepted rows only) and ``-graphs-pdl`` (``--graphs 15p``: the tree
 # kernels launched with programmatic dependent launch) and ``-graphs-control`` (``--graphs
 # 15c``: a second server exactly like ``-graphs``) and ``-graphs-movecheck`` (``--graphs 15k``:
-# both KV moves every round, compared), after those, in that order.
-ARM = re.compile(r"^ddtree-(?:b(\d+)|(auto))(-graphs(?:-verify|-move|-pdl|-control|-movecheck)?)?$")
+# both KV moves every round, compared) and ``-graphs-poolmove`` (``--graphs 15w``: the KV
+# pool's own move of every window row), after those, in that order.
+ARM = re.compile(
+    r"^ddtree-(?:b(\d+)|(auto))(-graphs(?:-verify|-move|-pdl|-control|-movecheck|-poolmove)?)?$"
+)
 SUFFIXES = {
     None: "", "-graphs": " graphs", "-graphs-verify": " graphs+verify",
     "-graphs-move": " graphs+move", "-graphs-pdl": " graphs+pdl",
     "-graphs-control": " graphs (control)", "-graphs-movecheck": " graphs+move check",
+    "-graphs-poolmove": " graphs+pool move",
 }  # fmt: skip
 
 

@@ -134,7 +134,9 @@ MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
 # own arm (``ddtree-bN-graphs`` + the suffix). ``v``: the verify inputs replayed from graphs
 # (off by default until the twenty-first GPU run, on since: ``15`` alone now gets them too, as
 # a user's server does); ``m``: the accept's KV move of the accepted rows only
-# (``ddtree_commit_v2.window_kv_move``, off by default); ``p``: the tree kernels launched with
+# (``ddtree_commit_v2.window_kv_move``, off by default until the twenty-fourth GPU run, on
+# since: ``N`` alone has it too); ``w``: the KV move off, the pool's own move of every
+# window row (``SGLANG_DDTREE_WINDOW_KV_MOVE=0``, the default before); ``p``: the tree kernels launched with
 # programmatic dependent launch; ``c``: no switch at all, a second server exactly like budget
 # N's (arm ``-control``): how often two servers of one configuration emit different tokens
 # (timing decides a batch's makeup, and with it bf16 near-ties), against which a switch's
@@ -144,7 +146,7 @@ MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
 PDL_ENV = "DDTREE_PDL"
 SWITCHES = {"v": (VERIFY_ENV, "-verify", "1"), "m": (MOVE_ENV, "-move", "1"),
             "p": (PDL_ENV, "-pdl", "1"), "c": (None, "-control", None),
-            "k": (MOVE_ENV, "-movecheck", "check")}  # fmt: skip
+            "k": (MOVE_ENV, "-movecheck", "check"), "w": (MOVE_ENV, "-poolmove", "0")}  # fmt: skip
 
 
 def _split_switch(text: str) -> tuple[str, tuple[str | None, str, str | None] | None]:
@@ -537,7 +539,9 @@ def _parser() -> argparse.ArgumentParser:
         f"only); Nv: budget N with {VERIFY_ENV}=1 too (arm ddtree-bN-graphs-verify; the v2 "
         "releases' verify-input graphs, on by default since the twenty-first GPU run, so that "
         f"N alone has them too); Nm: budget N with {MOVE_ENV}=1 (arm ddtree-bN-graphs-move: "
-        "the v2 accept moves only the accepted rows' KV); Np: budget N with "
+        "the v2 accept moves only the accepted rows' KV, on by default since the twenty-fourth "
+        f"GPU run); Nw: budget N with {MOVE_ENV}=0 (arm ddtree-bN-graphs-poolmove: the KV "
+        "pool's own move of every window row, the default before); Np: budget N with "
         f"{PDL_ENV}=1 (arm ddtree-bN-graphs-pdl: the tree kernels launched with programmatic "
         "dependent launch); Nc: budget N once more with no switch (arm ddtree-bN-graphs-control: "
         "two servers of one configuration, the noise floor of output agreement); Nk: budget N "

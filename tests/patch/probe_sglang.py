@@ -766,9 +766,9 @@ def real_mha_pool(slots: int, layers: int = 2, heads: int = 2, dim: int = 8):
 
 
 def kv_move_choice() -> dict:
-    """Which KV move the v2 worker's ``_kv_move`` picks: the pool's own unless
-    ``SGLANG_DDTREE_WINDOW_KV_MOVE`` is on and the pool is SGLang's plain
-    ``MHATokenToKVPool`` on its tiled copy; a pool of another kind, a quantised one and one
+    """Which KV move the v2 worker's ``_kv_move`` picks: ``window_kv_move`` where the pool is
+    SGLang's plain ``MHATokenToKVPool`` on its tiled copy, unless
+    ``SGLANG_DDTREE_WINDOW_KV_MOVE`` is off; a pool of another kind, a quantised one and one
     under SGLang's own native-move switch keep their own."""
     from sglang.srt.speculative.ddtree_commit_v2 import WINDOW_MOVE_ENV
 
@@ -790,6 +790,7 @@ def kv_move_choice() -> dict:
         "default": picked(real, None),
         "on": picked(real, "1"),
         "off": picked(real, "0"),
+        "default_other_pool": picked(FakeAllocator(), None),
         "on_other_pool": picked(fake, "1"),
         "on_quantised_pool": picked(scaled, "1"),
         "on_native_move": native,

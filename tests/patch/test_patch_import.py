@@ -243,20 +243,21 @@ def assert_window_fronts(r: dict) -> None:
     assert r["window_move"] is None
 
 
-def test_the_window_kv_move_is_behind_its_switch(probe):
-    """v2: the accept moves KV through the pool's own ``move_kv_cache`` unless
-    ``SGLANG_DDTREE_WINDOW_KV_MOVE`` is on; on, through ``window_kv_move`` where the pool is
-    SGLang's plain ``MHATokenToKVPool`` (built from the release's own class), and through the
-    pool's own move for any other pool, a quantised one (whose scales move too) and one under
-    SGLang's own native-move switch. ``check``: both every round (``checked_kv_move``), where
-    there is a window move to check; the pool's own elsewhere."""
+def test_the_window_kv_move_is_the_default_with_a_switch_to_turn_it_off(probe):
+    """v2: the accept moves KV through ``window_kv_move`` where the pool is SGLang's plain
+    ``MHATokenToKVPool`` (built from the release's own class), by default and with
+    ``SGLANG_DDTREE_WINDOW_KV_MOVE`` on, and through the pool's own ``move_kv_cache`` with it
+    off, for any other pool, a quantised one (whose scales move too) and one under SGLang's
+    own native-move switch. ``check``: both every round (``checked_kv_move``), where there is
+    a window move to check; the pool's own elsewhere."""
     version, facts = probe
     if is_v1(version):
         pytest.skip("the v1 worker verifies with SGLang's own tree kernels")
     assert facts["kv_move_choice"] == {
-        "default": "pool_move",
+        "default": "window_kv_move",
         "on": "window_kv_move",
         "off": "pool_move",
+        "default_other_pool": "pool_move",
         "on_other_pool": "pool_move",
         "on_quantised_pool": "pool_move",
         "on_native_move": "pool_move",

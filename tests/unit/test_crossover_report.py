@@ -62,23 +62,25 @@ def test_an_auto_arm_is_a_row_after_the_numbered_budgets(tmp_path):
 
 
 def test_graph_arms_are_rows_after_the_arms_without():
-    """``crossover.py --graphs 15,auto,64v,15m,15p,15c,15k`` adds ``ddtree-b15-graphs``,
+    """``crossover.py --graphs 15,auto,64v,15m,15p,15c,15k,15w`` adds ``ddtree-b15-graphs``,
     ``ddtree-auto-graphs``, ``ddtree-b64-graphs-verify``, ``ddtree-b15-graphs-move``,
-    ``ddtree-b15-graphs-pdl``, ``ddtree-b15-graphs-control`` and
-    ``ddtree-b15-graphs-movecheck``: each its own row, after every arm without graphs, the
+    ``ddtree-b15-graphs-pdl``, ``ddtree-b15-graphs-control``, ``ddtree-b15-graphs-movecheck``
+    and ``ddtree-b15-graphs-poolmove``: each its own row, after every arm without graphs, the
     verify-input graphs' after those, then the window KV move's, the PDL launches', the
-    control's, the checked move's last."""
+    control's, the checked move's, the pool move's last."""
     report = _report()
-    arms = ["ddtree-b15-graphs-movecheck", "ddtree-b15-graphs-control", "ddtree-b15-graphs-pdl",
+    arms = ["ddtree-b15-graphs-poolmove",
+            "ddtree-b15-graphs-movecheck", "ddtree-b15-graphs-control", "ddtree-b15-graphs-pdl",
             "ddtree-b15-graphs-move",
             "ddtree-auto-graphs", "ddtree-b64-graphs-verify", "ddtree-b64", "ddtree-b15-graphs",
             "ddtree-auto", "ddtree-b15"]  # fmt: skip
     budgets = [report.arm_budget(a) for a in arms]
-    assert budgets == ["15 graphs+move check", "15 graphs (control)", "15 graphs+pdl", "15 graphs+move", "auto graphs",
+    assert budgets == ["15 graphs+pool move", "15 graphs+move check", "15 graphs (control)", "15 graphs+pdl", "15 graphs+move", "auto graphs",
                        "64 graphs+verify", 64, "15 graphs", "auto", 15]  # fmt: skip
     assert sorted(budgets, key=report.budget_order) == [
         15, 64, "auto", "15 graphs", "auto graphs", "64 graphs+verify", "15 graphs+move",
-        "15 graphs+pdl", "15 graphs (control)", "15 graphs+move check"]  # fmt: skip
+        "15 graphs+pdl", "15 graphs (control)", "15 graphs+move check", "15 graphs+pool move",
+    ]  # fmt: skip
     assert not report.ARM.match("ddtree-graphs") and not report.ARM.match("ddtree-b15-graph")
     assert not report.ARM.match("ddtree-b15-verify")
 

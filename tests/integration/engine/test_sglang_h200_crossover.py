@@ -98,7 +98,14 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
         "env", "SGLANG_DDTREE_ROUND_GRAPHS=1", "SGLANG_DDTREE_WINDOW_KV_MOVE=check"]  # fmt: skip
     assert crossover.arm_of("ddtree-g15k") == "ddtree-b15-graphs-movecheck"
     assert crossover.STEP_KEYS["speculative_ddtree_kv_move_check"] == "kv-move-check"
-    for bad in ("15x", "autov", "v", "m", "p", "c", "k", "automm", "autoc", "15vm", "15kk"):
+    # 15w: budget 15 once more with the KV move off (the pool's own move, the old default).
+    pool = crossover.servers_for(tmp_path, args, [], "0.5.17",
+                                 graphs=crossover._graph_budgets("15,15w"))  # fmt: skip
+    assert pool["ddtree-g15w"][1][:3] == [
+        "env", "SGLANG_DDTREE_ROUND_GRAPHS=1", "SGLANG_DDTREE_WINDOW_KV_MOVE=0"]  # fmt: skip
+    assert "SGLANG_DDTREE_WINDOW_KV_MOVE=0" not in pool["ddtree-g15"][1]
+    assert crossover.arm_of("ddtree-g15w") == "ddtree-b15-graphs-poolmove"
+    for bad in ("15x", "autov", "v", "m", "p", "c", "k", "w", "automm", "autoc", "15vm", "15kw"):
         with pytest.raises(crossover.main.__globals__["argparse"].ArgumentTypeError):
             crossover._graph_budgets(bad)
     # Phase A of graph servers only (--budgets-a= --graphs 15,64,auto): no port shared.

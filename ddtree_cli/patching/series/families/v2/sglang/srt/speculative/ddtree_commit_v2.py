@@ -29,7 +29,7 @@ import torch
 
 from sglang.srt.speculative import ddtree_tree
 
-# The v2 worker's switch for ``window_kv_move`` (off unless on; ``check``: ``checked_kv_move``).
+# The v2 worker's switch for ``window_kv_move`` (on unless off; ``check``: ``checked_kv_move``).
 WINDOW_MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
 WINDOW_MOVE_CHECK = "check"
 

@@ -562,11 +562,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         return accept_round(tree, target, prefix_lens, locs, self._kv_move())
 
     def _kv_move(self):
-        """The accept's KV move: the pool's ``move_kv_cache`` (every window row), or with
-        ``SGLANG_DDTREE_WINDOW_KV_MOVE`` on, ``ddtree_commit_v2.window_kv_move`` (the accepted
-        rows only, one launch) where the pool keeps plain slot rows; with it ``check``, both
-        every round (``ddtree_commit_v2.checked_kv_move``: the pool's result kept, the
-        differences counted in ``/server_info``); chosen once, logged."""
+        """The accept's KV move: ``ddtree_commit_v2.window_kv_move`` (the accepted rows only,
+        one launch) where the pool keeps plain slot rows, else the pool's ``move_kv_cache``
+        (every window row), which ``SGLANG_DDTREE_WINDOW_KV_MOVE=0`` asks for everywhere; with
+        it ``check``, both every round (``ddtree_commit_v2.checked_kv_move``: the pool's result
+        kept, the differences counted in ``/server_info``); chosen once, logged."""
         if self._kv_mover is None:
             pool = self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache()
             mover = None
@@ -579,7 +579,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                     if mover is not None
                     else f"the pool's own ({type(pool).__name__} keeps other rows: no check)",
                 )  # fmt: skip
-            elif round_graphs_requested(False, WINDOW_MOVE_ENV, "window KV move"):
+            elif round_graphs_requested(True, WINDOW_MOVE_ENV, "window KV move"):
                 mover = window_kv_move(pool)
                 logger.info(
                     "DDTREE KV move: %s",
