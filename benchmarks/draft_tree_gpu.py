@@ -235,8 +235,11 @@ def check_against_reference(tree: dt.DraftTree, ref) -> None:
         assert np.allclose(ours, theirs, atol=1e-3), "tree value differs from the heap's"
 
 
-def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel) -> None:
-    """Each Triton kernel against the PyTorch path on the same inputs."""
+def check_topk(logits, budget) -> tuple:
+    """The Triton top-K (under the current ``vocab_geom``) against the PyTorch path, on
+    ``logits`` and on a heavily tied copy. Returns the PyTorch path's ``(lp, ids)`` of both
+    and the Triton path's ids of both, which no block geometry may change (among equal logits
+    the lowest vocabulary id comes first)."""
     lp_t, ids_t = dt._triton_topk_logprobs(logits, budget)
     lp_p, ids_p = dt.topk_logprobs(logits, budget, use_triton=False)
     assert torch.allclose(lp_t, lp_p, atol=1e-5), "top-K log-probs"
@@ -251,6 +254,12 @@ def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel
     assert torch.allclose(lp_tt, lp_tp, atol=1e-5), "tied top-K log-probs"
     assert torch.equal(tied.gather(-1, ids_tt), tied.gather(-1, ids_tp)), "tied top-K ids"
     assert all(len(set(r)) == len(r) for r in ids_tt.reshape(-1, ids_tt.shape[-1]).tolist())
+    return (lp_p, ids_p), (lp_tp, ids_tp), (ids_t, ids_tt)
+
+
+def check_triton_against_torch(logits, budget, roots, prefix, target, mask_numel) -> None:
+    """Each Triton kernel against the PyTorch path on the same inputs."""
+    (lp_p, ids_p), (lp_tp, ids_tp), _ = check_topk(logits, budget)
     for lp, ids in ((lp_p, ids_p), (lp_tp, ids_tp)):
         check_tree(lp, ids, budget)
     tp = dt.build_tree_from_topk(lp_p, ids_p, budget, use_triton=False)
@@ -412,8 +421,9 @@ def main() -> int:
         "--tune",
         action="store_true",
         help="first pick the kernels' warp divisors and switches (tree_rise, tree_narrow,"
-        " the tree stage; pdl: the whole round) at batch 1 and 32,"
-        " budget 64 (graph), on the --logits kind",
+        " the tree stage; pdl: the whole round) and the vocabulary pass's block sizes"
+        " (vocab_geom, the top-K stage) at batch 1 and 32, budget 64 (graph), on the"
+        " --logits kind",
     )
     ap.add_argument(
         "--tune-keys",
@@ -421,8 +431,22 @@ def main() -> int:
         help="with --tune, only these settings (comma-separated _TUNING keys; default: all)",
     )
     for key, default in dt._TUNING.items():
-        ap.add_argument("--" + key.replace("_", "-"), type=type(default), default=default)
+        if isinstance(default, tuple):  # vocab_geom: CH,CPG,GPP
+            ap.add_argument(
+                "--" + key.replace("_", "-"),
+                type=ints_arg,
+                default=default,
+                help=f"comma-separated (default {','.join(map(str, default))})",
+            )
+        else:
+            ap.add_argument("--" + key.replace("_", "-"), type=type(default), default=default)
     args = ap.parse_args()
+    for key in dt._TUNING:
+        dt._TUNING[key] = getattr(args, key)
+    try:
+        dt._vocab_geom()
+    except ValueError as exc:
+        ap.error(str(exc))
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -432,10 +456,7 @@ def main() -> int:
     triton_ok = not args.no_triton and dt._triton_importable()
     rows = []
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton={triton_ok}")
-    for key in dt._TUNING:
-        dt._TUNING[key] = getattr(args, key)
-    if args.tune and triton_ok:
-        tune(args, dev, gen)
+    tuned = tune(args, dev, gen) if args.tune and triton_ok else None
     print(f"# tuning {json.dumps(dt._TUNING)}", flush=True)
     for b in [int(x) for x in args.batches.split(",") if x]:
         for budget in [int(x) for x in args.budgets.split(",")]:
@@ -506,6 +527,8 @@ def main() -> int:
                     "prefix": args.prefix,
                     "logits": args.logits,
                 }
+                if tuned:
+                    meta["tune"] = tuned
                 args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     if rows:
         print_table(rows)
@@ -514,6 +537,14 @@ def main() -> int:
     if args.kernels and triton_ok:
         kernel_profile(args, dev, gen)
     return 0
+
+
+def ints_arg(text: str) -> tuple:
+    """A comma-separated tuple of ints (``--vocab-geom 16,32,8``)."""
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated ints: {text!r}") from None
 
 
 def stage_inputs(args, dev, gen, b: int, budget: int) -> tuple:
@@ -531,24 +562,34 @@ def stage_inputs(args, dev, gen, b: int, budget: int) -> tuple:
     return logits, budget, lp, ids, tree, roots, prefix, numel, target
 
 
-def tune(args, dev, gen) -> None:
+def tune(args, dev, gen) -> dict:
     """Pick each warp divisor, one after another, and the tree kernel's two switches
     together (every combination), by the summed graph time of its stage at the target
-    cells. A tree setting whose trees differ from the PyTorch path's is skipped."""
+    cells. A tree setting whose trees differ from the PyTorch path's is skipped, and so is a
+    block geometry of the vocabulary pass whose top-K differs from it or whose ids differ
+    from those of the geometry set before tuning. Returns each setting's times per cell and
+    the pick, by key (the JSON's ``meta.tune``)."""
     choices = {
         ("select_div",): (512, 256, 1024),
         ("tree_div",): (128, 256, 512, 1024),
         ("row_div",): (64, 32, 128),
         ("tree_rise", "tree_narrow"): ((0, 0), (1, 0), (0, 1), (1, 1)),
         ("pdl",): (0, 1),  # timed on the whole round: it acts between the kernels
-    }
+        # (CH, CPG, GPP): the vocabulary pass's chunk width, chunks per group, groups per
+        # program of its full read; each checked against the PyTorch path and against the
+        # top-K ids of the geometry set before tuning, before it is timed.
+        ("vocab_geom",): (
+            (32, 16, 8), (16, 16, 8), (16, 32, 8), (64, 8, 8), (32, 8, 16), (64, 16, 4),
+            (16, 16, 16),
+        ),
+    }  # fmt: skip
     cells = []
     for b in (1, 32):
         cells.append(stage_inputs(args, dev, gen, b, 64))
 
     def stage_fns(key, cell):
         logits, budget, lp, ids, tree, roots, prefix, numel, target = cell
-        if key == "select_div":
+        if key in ("select_div", "vocab_geom"):
             return [lambda: dt._triton_topk_logprobs(logits, budget)]
         if key == "pdl":
             return [make_round(logits, budget, roots, prefix, target, numel, True)]
@@ -563,23 +604,35 @@ def tune(args, dev, gen) -> None:
     unknown = wanted - {k for keys in choices for k in keys}
     if unknown:
         raise SystemExit(f"--tune-keys: not tunable: {sorted(unknown)}")
+    # The top-K ids before any geometry is tried: every geometry must give these exactly.
+    ids_before = []
+    if not wanted or "vocab_geom" in wanted:
+        ids_before = [check_topk(cell[0], cell[1])[2] for cell in cells]
+    report = {}
     for keys, options in choices.items():
         if wanted and not wanted & set(keys):
             continue
 
         def use(opt, keys=keys):
-            dt._TUNING.update(zip(keys, opt if isinstance(opt, tuple) else (opt,), strict=True))
+            dt._TUNING.update(zip(keys, opt if len(keys) > 1 else (opt,), strict=True))
 
-        results = {}
+        results, per_cell = {}, {}
         for opt in options:
             use(opt)
             try:
                 if keys[0].startswith("tree_"):
                     for cell in cells:
                         check_tree(cell[2], cell[3], cell[1], floors=(dt._TUNING["tree_exit"],))
-                results[opt] = sum(
-                    time_graph(fn, args.iters) for cell in cells for fn in stage_fns(keys[0], cell)
-                )
+                if keys[0] == "vocab_geom":
+                    for cell, want in zip(cells, ids_before, strict=True):
+                        got = check_topk(cell[0], cell[1])[2]
+                        for g, w in zip(got, want, strict=True):
+                            assert torch.equal(g, w), "top-K ids differ from the untuned geometry's"
+                per_cell[opt] = [
+                    sum(time_graph(fn, args.iters) for fn in stage_fns(keys[0], cell))
+                    for cell in cells
+                ]
+                results[opt] = sum(per_cell[opt])
             except Exception as exc:  # a configuration that fails is skipped
                 print(f"# tune {'+'.join(keys)}={opt}: {exc!r}"[:300], flush=True)
         best = min(results, key=results.get) if results else options[0]
@@ -590,6 +643,10 @@ def tune(args, dev, gen) -> None:
                 f"# tune {'+'.join(keys)}: µs summed over batch 1 and 32 -> {summary}; best {best}",
                 flush=True,
             )
+            cells_us = {str(k): [round(v, 1) for v in vs] for k, vs in per_cell.items()}
+            print(f"# tune {'+'.join(keys)}: µs at batch 1, 32 -> {cells_us}", flush=True)
+            report["+".join(keys)] = {"us_batch_1_32": cells_us, "best": str(best)}
+    return report
 
 
 def breakdown(args, dev, gen, triton_ok: bool) -> int:

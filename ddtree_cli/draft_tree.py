@@ -713,8 +713,12 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 # timed in that run (the log-probs held in registers, a counting sort) were slower on every
 # kind of row and were removed. `DDTREE_PDL=1` in a process's environment turns `pdl` on
 # from its start (a server, whose copy of this module nobody tunes), read once here.
+# `vocab_geom` is the vocabulary pass's block geometry (CH, CPG, GPP): chunks of CH logits,
+# groups of CPG chunks, GPP groups per program of the full read (see _vocab_geom); any
+# usable geometry gives the same top-K ids, and log-probs that differ at most by the
+# rounding of the log-sum-exp's partial sums.
 PDL_ENV = "DDTREE_PDL"
-_TUNING: dict[str, int] = {
+_TUNING: dict[str, int | tuple[int, int, int]] = {
     "tree_div": 128,
     "select_div": 512,
     "row_div": 64,
@@ -722,6 +726,7 @@ _TUNING: dict[str, int] = {
     "tree_rise": 1,
     "tree_narrow": 1,
     "pdl": int(os.environ.get(PDL_ENV) == "1"),
+    "vocab_geom": (32, 16, 8),
 }
 
 
@@ -1240,9 +1245,52 @@ def _kernels():
     }
 
 
-# The vocabulary pass's block sizes: chunks of _CH logits, groups of _CPG chunks, _GPP groups
-# per program of the full read.
-_CH, _CPG, _GPP = 32, 16, 8
+# Triton's limit on the elements of one block (triton._utils.TRITON_MAX_TENSOR_NUMEL).
+_MAX_BLOCK = 1 << 20
+
+
+def _vocab_geom() -> tuple[int, int, int]:
+    """The vocabulary pass's block sizes ``(CH, CPG, GPP)``, ``_TUNING["vocab_geom"]``
+    (checked once per value: this runs at every round)."""
+    geom = _TUNING["vocab_geom"]
+    if geom is _GEOM_CHECKED[0]:
+        return _GEOM_CHECKED[1]
+    checked = _checked_geom(geom)
+    if type(geom) is tuple:  # immutable: the same object is the same value
+        _GEOM_CHECKED[:] = [geom, checked]
+    return checked
+
+
+# The last tuple _vocab_geom checked, and its result.
+_GEOM_CHECKED: list = [None, None]
+
+
+def _checked_geom(geom) -> tuple[int, int, int]:
+    """``geom`` as ``(CH, CPG, GPP)``:
+    chunks of ``CH`` logits, groups of ``CPG`` chunks, ``GPP`` groups per program of the full
+    read. A ValueError unless the kernels can use them: each a power of two (Triton's block
+    sizes), ``CH`` and ``CPG`` at least 2 (a narrowing step over blocks of one element is the
+    next step's work), one program of the full read, ``CH * CPG * GPP`` logits, within a
+    Triton block. The top-K is exact under any of them: a chunk or group with a lower index
+    holds lower vocabulary ids, so the tie order of the block maxima is the logits' own."""
+    if not (
+        isinstance(geom, (tuple, list))
+        and len(geom) == 3
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in geom)
+    ):
+        raise ValueError(f"vocab_geom must be three ints (CH, CPG, GPP), got {geom!r}")
+    ch, cpg, gpp = geom
+    for name, value, least in (("CH", ch, 2), ("CPG", cpg, 2), ("GPP", gpp, 1)):
+        if value < least or value & (value - 1):
+            raise ValueError(
+                f"vocab_geom {tuple(geom)}: {name} must be a power of two >= {least}, got {value}"
+            )
+    if ch * cpg * gpp > _MAX_BLOCK:
+        raise ValueError(
+            f"vocab_geom {tuple(geom)}: CH * CPG * GPP = {ch * cpg * gpp} logits per program,"
+            f" more than a Triton block holds ({_MAX_BLOCK})"
+        )
+    return ch, cpg, gpp
 
 
 def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -1256,9 +1304,12 @@ def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]
         x = x.contiguous()
     rows = b * n_pos
     kp = max(2, _pow2(k))  # tl.topk needs k >= 2
-    n_chunks = -(-vocab // _CH)
-    n_groups = -(-n_chunks // _CPG)
-    n_prog = -(-n_groups // _GPP)
+    ch, cpg, gpp = _vocab_geom()
+    if kp * max(ch, cpg) > _MAX_BLOCK:  # the selection's candidate chunks or logits
+        raise ValueError(f"k={k} too large for vocab_geom {(ch, cpg, gpp)} (Triton's block)")
+    n_chunks = -(-vocab // ch)
+    n_groups = -(-n_chunks // cpg)
+    n_prog = -(-n_groups // gpp)
     dev = x.device
     cmax = torch.empty((rows, n_chunks), dtype=torch.float32, device=dev)
     gmax = torch.empty((rows, n_groups), dtype=torch.float32, device=dev)
@@ -1270,13 +1321,13 @@ def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]
     kern = _kernels()
     kern["vocab_stats"][(rows, n_prog)](
         x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
-        CH=_CH, CPG=_CPG, GPP=_GPP, num_warps=8, **_pdl(dev),
+        CH=ch, CPG=cpg, GPP=gpp, num_warps=8, **_pdl(dev),
     )  # fmt: skip
-    warps = _warps(kp * max(_CH, _CPG), _TUNING["select_div"])
+    warps = _warps(kp * max(ch, cpg), _TUNING["select_div"])
     kern["vocab_select"][(rows,)](
         x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
         lp, ids, k, LOGPROB_FLOOR, scratch,
-        CH=_CH, CPG=_CPG, GP=max(_pow2(n_groups), kp), KP=kp, PP=_pow2(n_prog), CAP=2 * kp,
+        CH=ch, CPG=cpg, GP=max(_pow2(n_groups), kp), KP=kp, PP=_pow2(n_prog), CAP=2 * kp,
         num_warps=warps, **_pdl(dev),
     )  # fmt: skip
     return lp, ids
