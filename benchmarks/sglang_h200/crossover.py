@@ -135,13 +135,14 @@ MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
 # (off by default until the twenty-first GPU run, on since: ``15`` alone now gets them too, as
 # a user's server does); ``m``: the accept's KV move of the accepted rows only
 # (``ddtree_commit_v2.window_kv_move``, off by default until the twenty-fourth GPU run, on
-# since: ``N`` alone has it too); ``w``: the KV move off, the pool's own move of every
-# window row (``SGLANG_DDTREE_WINDOW_KV_MOVE=0``, the default before); ``p``: the tree kernels launched with
-# programmatic dependent launch; ``c``: no switch at all, a second server exactly like budget
-# N's (arm ``-control``): how often two servers of one configuration emit different tokens
-# (timing decides a batch's makeup, and with it bf16 near-ties), against which a switch's
-# arm is read; ``k``: the KV move checked, both moves every round, the pool's result kept
-# (``SGLANG_DDTREE_WINDOW_KV_MOVE=check``; its counts go to ``A-cN.kv-move-check.json``).
+# since: ``N`` alone has it too); ``w``: that move off, the pool's own move of every window
+# row (``SGLANG_DDTREE_WINDOW_KV_MOVE=0``, the default before); ``p``: the tree kernels
+# launched with programmatic dependent launch; ``c``: no switch at all, a second server
+# exactly like budget N's (arm ``-control``): how often two servers of one configuration emit
+# different tokens (a batch's makeup decides bf16 near-ties, and at batch 1 so can the KV the
+# radix cache kept from earlier batches), against which a switch's arm is read; ``k``: the KV move checked, both moves
+# every round, the pool's result kept (``SGLANG_DDTREE_WINDOW_KV_MOVE=check``; its counts go
+# to ``A-cN.kv-move-check.json``).
 # Each: (variable, arm suffix, value).
 PDL_ENV = "DDTREE_PDL"
 SWITCHES = {"v": (VERIFY_ENV, "-verify", "1"), "m": (MOVE_ENV, "-move", "1"),

@@ -586,6 +586,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                     "accepted rows only" if mover is not None
                     else f"the pool's own ({type(pool).__name__} keeps other rows)",
                 )  # fmt: skip
+            else:
+                logger.info("DDTREE KV move: the pool's own (%s is off)", WINDOW_MOVE_ENV)
             self._kv_mover = mover or pool_move(pool)
         return self._kv_mover
 
