@@ -1250,29 +1250,15 @@ _MAX_BLOCK = 1 << 20
 
 
 def _vocab_geom() -> tuple[int, int, int]:
-    """The vocabulary pass's block sizes ``(CH, CPG, GPP)``, ``_TUNING["vocab_geom"]``
-    (checked once per value: this runs at every round)."""
-    geom = _TUNING["vocab_geom"]
-    if geom is _GEOM_CHECKED[0]:
-        return _GEOM_CHECKED[1]
-    checked = _checked_geom(geom)
-    if type(geom) is tuple:  # immutable: the same object is the same value
-        _GEOM_CHECKED[:] = [geom, checked]
-    return checked
-
-
-# The last tuple _vocab_geom checked, and its result.
-_GEOM_CHECKED: list = [None, None]
-
-
-def _checked_geom(geom) -> tuple[int, int, int]:
-    """``geom`` as ``(CH, CPG, GPP)``:
+    """The vocabulary pass's block sizes ``(CH, CPG, GPP)``, ``_TUNING["vocab_geom"]``,
+    checked (about 2 µs, as much as one of the round's buffers; a CUDA graph holds neither):
     chunks of ``CH`` logits, groups of ``CPG`` chunks, ``GPP`` groups per program of the full
     read. A ValueError unless the kernels can use them: each a power of two (Triton's block
     sizes), ``CH`` and ``CPG`` at least 2 (a narrowing step over blocks of one element is the
     next step's work), one program of the full read, ``CH * CPG * GPP`` logits, within a
     Triton block. The top-K is exact under any of them: a chunk or group with a lower index
     holds lower vocabulary ids, so the tie order of the block maxima is the logits' own."""
+    geom = _TUNING["vocab_geom"]
     if not (
         isinstance(geom, (tuple, list))
         and len(geom) == 3

@@ -130,27 +130,27 @@ def servers_for(state: Path, args, budgets: list[int], version: str, auto: bool 
 GRAPHS_ENV = "SGLANG_DDTREE_ROUND_GRAPHS"
 VERIFY_ENV = "SGLANG_DDTREE_VERIFY_GRAPHS"
 MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
-# A ``--graphs`` entry ``N`` + a letter: budget N once more with one more v2 switch on, as its
-# own arm (``ddtree-bN-graphs`` + the suffix). ``v``: the verify inputs replayed from graphs
-# (off by default until the twenty-first GPU run, on since: ``15`` alone now gets them too, as
-# a user's server does); ``m``: the accept's KV move of the accepted rows only
-# (``ddtree_commit_v2.window_kv_move``, off by default until the twenty-fourth GPU run, on
-# since: ``N`` alone has it too); ``w``: that move off, the pool's own move of every window
-# row (``SGLANG_DDTREE_WINDOW_KV_MOVE=0``, the default before); ``p``: the tree kernels
-# launched with programmatic dependent launch; ``c``: no switch at all, a second server
-# exactly like budget N's (arm ``-control``): how often two servers of one configuration emit
-# different tokens (a batch's makeup decides bf16 near-ties, and at batch 1 so can the KV the
-# radix cache kept from earlier batches), against which a switch's arm is read; ``k``: the KV move checked, both moves
-# every round, the pool's result kept (``SGLANG_DDTREE_WINDOW_KV_MOVE=check``; its counts go
-# to ``A-cN.kv-move-check.json``).
-# Each: (variable, arm suffix, value).
+# A ``--graphs`` entry ``N`` + a letter: budget N once more with one more v2 switch set, as
+# its own arm (``ddtree-bN-graphs`` + the suffix). Each: (variable, arm suffix, value, what
+# the arm is for, as ``--graphs``'s help says it).
 PDL_ENV = "DDTREE_PDL"
-SWITCHES = {"v": (VERIFY_ENV, "-verify", "1"), "m": (MOVE_ENV, "-move", "1"),
-            "p": (PDL_ENV, "-pdl", "1"), "c": (None, "-control", None),
-            "k": (MOVE_ENV, "-movecheck", "check"), "w": (MOVE_ENV, "-poolmove", "0")}  # fmt: skip
+SWITCHES = {
+    "v": (VERIFY_ENV, "-verify", "1", "the v2 releases' verify-input graphs, on by default since "
+          "the twenty-first GPU run, so that N alone has them too"),
+    "m": (MOVE_ENV, "-move", "1", "the v2 accept moves only the accepted rows' KV, on by "
+          "default since the twenty-fourth GPU run, so that N alone has it too"),
+    "p": (PDL_ENV, "-pdl", "1", "the tree kernels launched with programmatic dependent launch"),
+    "c": (None, "-control", None, "two servers of one configuration, the noise floor of output "
+          "agreement: a batch's makeup decides bf16 near-ties, and at batch 1 so can the KV the "
+          "radix cache kept from earlier batches"),
+    "k": (MOVE_ENV, "-movecheck", "check", "both KV moves every round, the pool's result "
+          "kept, differences counted in A-cN.kv-move-check.json"),
+    "w": (MOVE_ENV, "-poolmove", "0", "the KV pool's own move of every window row, the "
+          "default before the twenty-fourth GPU run"),
+}  # fmt: skip
 
 
-def _split_switch(text: str) -> tuple[str, tuple[str | None, str, str | None] | None]:
+def _split_switch(text: str) -> tuple[str, tuple[str | None, str, str | None, str] | None]:
     """``15v`` -> (``15``, the ``v`` switch); ``15`` or ``auto`` -> (itself, None)."""
     switch = SWITCHES.get(text[-1:])
     return (text[:-1], switch) if switch else (text, None)
@@ -537,17 +537,14 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="phase-A DDTREE servers (budgets, or auto) started once more with "
         f"{GRAPHS_ENV}=1 (arms ddtree-bN-graphs, ddtree-auto-graphs; auto on SGLang 0.5.13 "
-        f"only); Nv: budget N with {VERIFY_ENV}=1 too (arm ddtree-bN-graphs-verify; the v2 "
-        "releases' verify-input graphs, on by default since the twenty-first GPU run, so that "
-        f"N alone has them too); Nm: budget N with {MOVE_ENV}=1 (arm ddtree-bN-graphs-move: "
-        "the v2 accept moves only the accepted rows' KV, on by default since the twenty-fourth "
-        f"GPU run); Nw: budget N with {MOVE_ENV}=0 (arm ddtree-bN-graphs-poolmove: the KV "
-        "pool's own move of every window row, the default before); Np: budget N with "
-        f"{PDL_ENV}=1 (arm ddtree-bN-graphs-pdl: the tree kernels launched with programmatic "
-        "dependent launch); Nc: budget N once more with no switch (arm ddtree-bN-graphs-control: "
-        "two servers of one configuration, the noise floor of output agreement); Nk: budget N "
-        f"with {MOVE_ENV}=check (arm ddtree-bN-graphs-movecheck: both KV moves every round, "
-        "the pool's result kept, differences counted), e.g. 15,15m,auto",
+        "only); "
+        + "; ".join(
+            f"N{k}: budget N "
+            + (f"with {var}={value}" if var else "once more with no switch")
+            + f" (arm ddtree-bN-graphs{suffix}: {what})"
+            for k, (var, suffix, value, what) in SWITCHES.items()
+        )
+        + ", e.g. 15,15m,auto",
     )
     p.add_argument(
         "--no-agree",

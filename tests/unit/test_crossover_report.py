@@ -69,14 +69,14 @@ def test_graph_arms_are_rows_after_the_arms_without():
     verify-input graphs' after those, then the window KV move's, the PDL launches', the
     control's, the checked move's, the pool move's last."""
     report = _report()
-    arms = ["ddtree-b15-graphs-poolmove",
-            "ddtree-b15-graphs-movecheck", "ddtree-b15-graphs-control", "ddtree-b15-graphs-pdl",
-            "ddtree-b15-graphs-move",
+    arms = ["ddtree-b15-graphs-poolmove", "ddtree-b15-graphs-movecheck",
+            "ddtree-b15-graphs-control", "ddtree-b15-graphs-pdl", "ddtree-b15-graphs-move",
             "ddtree-auto-graphs", "ddtree-b64-graphs-verify", "ddtree-b64", "ddtree-b15-graphs",
             "ddtree-auto", "ddtree-b15"]  # fmt: skip
     budgets = [report.arm_budget(a) for a in arms]
-    assert budgets == ["15 graphs+pool move", "15 graphs+move check", "15 graphs (control)", "15 graphs+pdl", "15 graphs+move", "auto graphs",
-                       "64 graphs+verify", 64, "15 graphs", "auto", 15]  # fmt: skip
+    assert budgets == ["15 graphs+pool move", "15 graphs+move check", "15 graphs (control)",
+                       "15 graphs+pdl", "15 graphs+move", "auto graphs", "64 graphs+verify", 64,
+                       "15 graphs", "auto", 15]  # fmt: skip
     assert sorted(budgets, key=report.budget_order) == [
         15, 64, "auto", "15 graphs", "auto graphs", "64 graphs+verify", "15 graphs+move",
         "15 graphs+pdl", "15 graphs (control)", "15 graphs+move check", "15 graphs+pool move",
