@@ -569,15 +569,17 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         kept, the differences counted in ``/server_info``); chosen once, logged."""
         if self._kv_mover is None:
             pool = self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache()
-            other = f"the pool's own ({type(pool).__name__} keeps other rows"
+            kind = type(pool).__name__
             if _kv_move_checked():
                 fast = window_kv_move(pool)
                 mover = fast and checked_kv_move(pool, fast, pool_move(pool))
                 how = ("the pool's own, checked every round against the accepted rows' move"
-                       if mover is not None else other + ": no check)")  # fmt: skip
+                       if mover is not None
+                       else f"the pool's own ({kind} keeps other rows: no check)")  # fmt: skip
             elif round_graphs_requested(True, WINDOW_MOVE_ENV, "window KV move"):
                 mover = window_kv_move(pool)
-                how = "accepted rows only" if mover is not None else other + ")"
+                how = ("accepted rows only" if mover is not None
+                       else f"the pool's own ({kind} keeps other rows)")  # fmt: skip
             else:
                 mover, how = None, f"the pool's own ({WINDOW_MOVE_ENV} is off)"
             logger.info("DDTREE KV move: %s", how)
