@@ -212,6 +212,9 @@ for value in ("auto", "AUTO", "64", "autox"):
     except argparse.ArgumentError as exc:
         auto_cli[value] = f"ArgumentError: {exc}"
 out["auto_cli"] = auto_cli
+out["budget_help"] = next(
+    a.help for a in auto_parser._actions if "--speculative-ddtree-budget" in a.option_strings
+)
 auto_cases = {
     "auto": {"speculative_ddtree_budget": "auto"},
     "auto_max_48": {"speculative_ddtree_budget": "auto", "speculative_ddtree_max_budget": 48},

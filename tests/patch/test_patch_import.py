@@ -345,6 +345,10 @@ def test_budget_auto_on_0_5_13_and_refused_on_v2(probe):
     cli, auto = facts["auto_cli"], facts["budget_auto"]
     if not is_v1(version):  # v2's flag is an int; _handle_ddtree and the worker refuse too
         assert "invalid int value: 'auto'" in cli["auto"]
+        # --help says what the flag takes there, not that block - 1 is the only value
+        help_text = " ".join(facts["budget_help"].split())
+        assert "block size - 1 (the default) or more, up to 1024" in help_text
+        assert "'auto' runs on SGLang 0.5.13 only" in help_text
         assert auto["auto"]["error"] is not None
         assert facts["tree_worker_auto"] == (
             "ValueError: --speculative-ddtree-budget auto is not supported on SGLang 0.5.14 "
@@ -352,6 +356,7 @@ def test_budget_auto_on_0_5_13_and_refused_on_v2(probe):
         )
         return
     assert (cli["auto"], cli["AUTO"], cli["64"]) == ("auto", "auto", 64)
+    assert "'auto': chosen every round for the running batch" in facts["budget_help"]
     assert cli["autox"] == (
         "ArgumentError: argument --speculative-ddtree-budget: --speculative-ddtree-budget "
         "must be a number of tree nodes or 'auto', got 'autox'"
