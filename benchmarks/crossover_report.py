@@ -21,23 +21,21 @@ from pathlib import Path
 
 # Arms under test: ``ddtree-bN`` (a fixed budget) and ``ddtree-auto`` (the budget chosen per
 # round, ``crossover.py --auto``), which sorts after every number; either with ``-graphs``
-# (``crossover.py --graphs``: the same server with the round's head and tree replayed from
-# CUDA graphs), which sorts after the arms without, or ``-graphs-verify`` (``--graphs 15v``:
-# with the v2 verify inputs' graphs too) and ``-graphs-move`` (``--graphs 15m``: the v2
-# accept's KV move of the accepted rows only) and ``-graphs-pdl`` (``--graphs 15p``: the tree
-# kernels launched with programmatic dependent launch) and ``-graphs-control`` (``--graphs
-# 15c``: a second server exactly like ``-graphs``) and ``-graphs-movecheck`` (``--graphs 15k``:
-# both KV moves every round, compared) and ``-graphs-poolmove`` (``--graphs 15w``: the KV
-# pool's own move of every window row), after those, in that order.
-ARM = re.compile(
-    r"^ddtree-(?:b(\d+)|(auto))(-graphs(?:-verify|-move|-pdl|-control|-movecheck|-poolmove)?)?$"
-)
+# (``crossover.py --graphs``: the round replayed from CUDA graphs) or with one of the
+# switches ``crossover.py`` names in its ``SWITCHES`` (``--graphs``'s help says what each is
+# for). The report names each suffix below and sorts the arms in this order. (The report reads
+# finished results here, without importing the GPU-side script.)
 SUFFIXES = {
     None: "", "-graphs": " graphs", "-graphs-verify": " graphs+verify",
     "-graphs-move": " graphs+move", "-graphs-pdl": " graphs+pdl",
     "-graphs-control": " graphs (control)", "-graphs-movecheck": " graphs+move check",
     "-graphs-poolmove": " graphs+pool move",
 }  # fmt: skip
+ARM = re.compile(
+    r"^ddtree-(?:b(\d+)|(auto))("
+    + "|".join(re.escape(suffix) for suffix in SUFFIXES if suffix)
+    + r")?$"
+)
 
 
 def arm_budget(arm: str) -> int | str:
