@@ -148,3 +148,21 @@ def test_outputs_are_compared_token_for_token_per_prompt_and_trial(tmp_path):
         len(table) == 2 + len(rows)
         and f"| A-c8 | {a} = {b} | {pair['same']} | 200 requests |" in table
     )
+
+
+def test_every_arm_crossover_can_start_is_one_the_report_names():
+    """The report keeps its own table of arm suffixes (it reads finished results without
+    importing the GPU-side script): every server ``crossover.py`` can start, with or without
+    graphs and with each of its ``SWITCHES``, maps to an arm the report parses and labels."""
+    from tests.sglang_h200 import load_script
+
+    crossover, report = load_script("crossover"), _report()
+    servers = [f"ddtree-{kind}{budget}" for kind in "ng" for budget in ("15", "auto")]
+    servers += [f"ddtree-g15{letter}" for letter in crossover.SWITCHES]
+    for server in servers:
+        arm = crossover.arm_of(server)
+        match = report.ARM.match(arm)
+        assert match is not None and match.group(3) in report.SUFFIXES, (server, arm)
+    # and the report names no suffix crossover cannot produce
+    produced = {"-graphs"} | {"-graphs" + s[1] for s in crossover.SWITCHES.values()}
+    assert set(report.SUFFIXES) - {None} == produced
