@@ -1,6 +1,6 @@
 """The crossover map from the bench folders of a crossover run: a Markdown table and a heat map.
 
-    python benchmarks/crossover_report.py RESULTS [--png map.png] [--json cells.json]
+    .venv/bin/python benchmarks/crossover_report.py RESULTS [--png map.png] [--json cells.json]
 
 RESULTS holds one ``ddtree bench`` folder per phase and concurrency (``A-c1``, ``B-c32``, ...,
 as ``benchmarks/sglang_h200/crossover.py`` writes them); every arm under test (``ddtree-bN``,
@@ -8,7 +8,15 @@ and ``ddtree-auto`` from ``crossover.py --auto``, a row after the numbers) of ev
 becomes one cell: its output tok/s over the DFLASH arm of the same bench (the ratio and
 95 % CI ``ddtree bench`` computed, paired by trial), over plain decoding when the bench timed
 the reference, acceptance and inter-token latency (one streamed chunk per verify round) p50
-of both. Nothing is recomputed: the figures are the benches' own.
+of both. Nothing in that table is recomputed: the figures are the benches' own.
+
+A second table puts every ``auto`` arm against the fixed budgets beside it in the same bench
+(same round machinery: ``auto graphs`` against ``N graphs``): output tok/s over the best of
+them (the one with the highest tok/s in that bench) and over each other one, paired by trial.
+The benches compared arms under test with DFLASH only, so these ratios are computed here, from
+the per-trial tok/s summary.json keeps, with the bench's own pairing, bootstrap and seed
+(``ddtree_cli.bench.analysis.compare_trials``); "within 3 %" is the point estimate's
+``>= 0.97`` of the best fixed budget, the issue's goal for ``auto``.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ import json
 import re
 import sys
 from pathlib import Path
+
+from ddtree_cli.bench.analysis import compare_trials
 
 # Arms under test: ``ddtree-bN`` (a fixed budget) and ``ddtree-auto`` (the budget chosen per
 # round, ``crossover.py --auto``), which sorts after every number; either with ``-graphs``
@@ -86,6 +96,70 @@ def cells(results: Path) -> list[dict]:
                     "confounds": summary["confounds"]["differences"],
                 })  # fmt: skip
     return sorted(out, key=lambda c: (budget_order(c["budget"]), c["concurrency"]))
+
+
+WITHIN = 0.97  # the issue's goal: auto within 3 % of the best fixed budget beside it
+
+
+def _trials(arm: dict) -> dict[int, float | None]:
+    """An arm's tok/s per trial, as summary.json keeps them."""
+    return {t["trial"]: t["output_tok_s"] for t in arm["trials"]}
+
+
+def against_fixed(results: Path) -> list[dict]:
+    """Every ``auto`` arm of every bench against the fixed budgets with its suffix in the same
+    bench, paired by trial: the best of them (highest tok/s in that bench) and the others."""
+    out = []
+    for summary_file in sorted(results.glob("*/summary.json")):
+        summary = json.loads(summary_file.read_text())
+        seed = summary.get("config", {}).get("seed", 0)
+        for point in summary["sweep"]:
+            arms = point["arms"]
+            parsed = {a: ARM.match(a).groups() for a in arms if ARM.match(a)}
+            for auto, (_, is_auto, suffix) in parsed.items():
+                fixed = [a for a, (n, _, s) in parsed.items() if n is not None and s == suffix]
+                if not is_auto or not fixed:
+                    continue
+                fixed.sort(key=lambda a: -arms[a]["output_tok_s"])
+                against = [compare_trials(_trials(arms[auto]), _trials(arms[f]),
+                                          name_a=arm_budget(auto), seed=seed)
+                           for f in fixed]  # fmt: skip
+                best = against[0]
+                out.append({
+                    "bench": summary_file.parent.name, "concurrency": point["concurrency"],
+                    "auto": arm_budget(auto), "best": arm_budget(fixed[0]),
+                    "ratio": best.ratio, "ci95": best.ci95 and list(best.ci95), "n": best.n,
+                    "verdict": best.verdict,
+                    "within": best.ratio is not None and best.ratio >= WITHIN,
+                    "others": [{"budget": arm_budget(f), "ratio": e.ratio,
+                                "ci95": e.ci95 and list(e.ci95)}
+                               for f, e in zip(fixed[1:], against[1:], strict=True)],
+                })  # fmt: skip
+    return sorted(out, key=lambda r: (budget_order(r["auto"]), r["concurrency"], r["bench"]))
+
+
+def against_fixed_table(rows: list[dict]) -> str:
+    lines = [
+        "| arm | bench | conc. | best fixed budget beside it | auto / best fixed (paired, 95 % CI) "
+        "| within 3 % | auto / the other fixed budgets |",
+        "|---|---|---:|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["ratio"] is None:
+            ratio = "not measured"
+        else:
+            ratio = f"{r['ratio']:.3f} ({_ci(r['ci95'])}), {r['n']} trials"
+            if r["ci95"][0] > 1 or r["ci95"][1] < 1:
+                ratio = f"**{ratio}**"
+        others = "; ".join(
+            f"{o['ratio']:.3f} ({_ci(o['ci95'])}) of {o['budget']}" if o["ratio"] is not None
+            else f"not measured against {o['budget']}"
+            for o in r["others"]
+        ) or "–"  # fmt: skip
+        within = "–" if r["ratio"] is None else ("yes" if r["within"] else "no")
+        lines.append(f"| {r['auto']} | {r['bench']} | {r['concurrency']} | {r['best']} | {ratio} | {within} "
+                     f"| {others} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def agreement(results: Path) -> list[dict]:
@@ -204,6 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no bench folder with ddtree-bN arms under {args.results}", file=sys.stderr)
         return 1
     print(table(rows))
+    auto = against_fixed(args.results)
+    if auto:
+        print(
+            "\n`auto` against the fixed budgets beside it in the same bench (output tok/s, "
+            "paired by trial; computed here from the trials' tok/s):\n"
+        )
+        print(against_fixed_table(auto))
     same = agreement(args.results)
     if same:
         print("\nOutputs compared token for token (greedy):\n")

@@ -146,6 +146,29 @@ def compare(
     return Comparison(**out)
 
 
+def compare_trials(
+    a: dict[int, float | None], b: dict[int, float | None], *, name_a: str, seed: int = 0
+) -> Effect:
+    """Output tok/s of arm A against arm B from a finished bench (``trial -> tok/s`` of each
+    arm, as summary.json keeps them), paired by trial over the trials both finished: the
+    pairing, bootstrap and verdict ``compare`` gives each arm against the baseline, for two
+    arms under test compared with one another after the run."""
+    trials = sorted(
+        t
+        for t in a.keys() & b.keys()
+        if all(d[t] is not None and math.isfinite(d[t]) for d in (a, b))
+    )
+    return _ratio_entry(
+        [a[t] for t in trials],
+        [b[t] for t in trials],
+        paired_by="trial",
+        higher_is_better=True,
+        seed=seed,
+        better=f"{name_a} faster",
+        worse=f"{name_a} slower",
+    )
+
+
 def _per_prompt(records: list[dict[str, Any]], metric: str) -> dict[str, float]:
     values: dict[str, list[float]] = defaultdict(list)
     for r in records:

@@ -166,3 +166,112 @@ def test_every_arm_crossover_can_start_is_one_the_report_names():
     # and the report names no suffix crossover cannot produce
     produced = {"-graphs"} | {"-graphs" + s[1] for s in crossover.SWITCHES.values()}
     assert set(report.SUFFIXES) - {None} == produced
+
+
+SPLIT = REPO / "benchmarks" / "results" / "sglang_h200_2026-12-04_map_split"
+MAP_0513 = REPO / "benchmarks" / "results" / "sglang_h100_2026-12-07_map_0513"
+ROUND_GRAPHS = REPO / "benchmarks" / "results" / "sglang_h200_2026-12-03_round_graphs"
+
+
+def _trials(point: dict, arm: str) -> dict:
+    return {t["trial"]: t["output_tok_s"] for t in point["arms"][arm]["trials"]}
+
+
+def test_trials_are_paired_as_the_bench_paired_them():
+    """``compare_trials`` (what the report uses for ``auto`` against a fixed budget), given
+    an arm under test and DFLASH from a stored summary, gives the comparison the bench itself
+    wrote, for every arm of every stored bench: the pairing, bootstrap, seed and verdict are
+    the bench's. (summary.json keeps each trial's tok/s to 4 decimals, so the sixth decimal of
+    a ratio may move.)"""
+    from ddtree_cli.bench.analysis import compare_trials
+
+    compared = 0
+    for summary_file in sorted((REPO / "benchmarks" / "results").glob("**/summary.json")):
+        summary = json.loads(summary_file.read_text())
+        seed = summary["config"]["seed"]
+        for point in summary.get("sweep", []):
+            for arm, stored in (point.get("comparisons") or {}).items():
+                effect = compare_trials(_trials(point, arm), _trials(point, "dflash"),
+                                        name_a=arm, seed=seed)  # fmt: skip
+                tok = stored["output_tok_s"]
+                assert effect.ratio == pytest.approx(tok["ratio"], abs=2e-6), summary_file
+                assert list(effect.ci95) == pytest.approx(tok["ci95"], abs=2e-6), summary_file
+                assert (effect.n, effect.verdict) == (tok["n"], tok["verdict"]), summary_file
+                compared += 1
+    assert compared > 100
+
+
+def test_auto_is_put_against_the_best_fixed_budget_with_its_suffix():
+    """On the H200's split map (auto, budget 15 and budget 64, all with round graphs, at 1, 2
+    and 32): one row per bench, against the fixed budget with the highest tok/s in that bench,
+    the other fixed budget listed after it; each ratio is auto's mean tok/s over theirs."""
+    report = _report()
+    rows = report.against_fixed(SPLIT)
+    assert [(r["bench"], r["auto"]) for r in rows] == [
+        ("A-c1", "auto graphs"), ("A-c2", "auto graphs"), ("A-c32", "auto graphs")
+    ]  # fmt: skip
+    for r in rows:
+        (point,) = json.loads((SPLIT / r["bench"] / "summary.json").read_text())["sweep"]
+        fixed = {f"{b} graphs": f"ddtree-b{b}-graphs" for b in (15, 64)}
+        best = max(fixed, key=lambda f: point["arms"][fixed[f]]["output_tok_s"])
+        assert r["best"] == best and [o["budget"] for o in r["others"]] == sorted(
+            set(fixed) - {best}
+        )
+        for budget, ratio in [(best, r["ratio"])] + [
+            (o["budget"], o["ratio"]) for o in r["others"]
+        ]:
+            auto, other = _trials(point, "ddtree-auto-graphs"), _trials(point, fixed[budget])
+            expect = sum(auto.values()) / sum(other.values())
+            assert ratio == pytest.approx(expect, abs=2e-6)
+        assert r["ci95"][0] <= r["ratio"] <= r["ci95"][1] and r["n"] == 10
+        assert r["within"] == (r["ratio"] >= 0.97)
+    # The best fixed budget moves with the load: budget 64 at 1, budget 15 at 32.
+    assert [r["best"] for r in rows][::2] == ["64 graphs", "15 graphs"]
+    table = report.against_fixed_table(rows).splitlines()
+    assert len(table) == 2 + len(rows) and table[2].startswith(
+        "| auto graphs | A-c1 | 1 | 64 graphs |"
+    )
+
+
+def test_auto_is_not_put_against_a_budget_of_other_round_machinery():
+    """The H200's round-graphs run had budget 15 eager and with graphs beside auto with graphs:
+    auto is compared with budget 15 with graphs only."""
+    rows = _report().against_fixed(ROUND_GRAPHS)
+    assert {(r["bench"], r["best"]) for r in rows} == {("A-c1", "15 graphs"), ("A-c8", "15 graphs")}
+    assert all(r["others"] == [] for r in rows)
+
+
+def test_within_three_percent_and_a_lost_trial(tmp_path):
+    """A copy of the H100 map's bench at 32 with auto's trials set to 0.98 and 0.96 of budget
+    15's: within 3 % then not; with one trial of budget 15 lost (no tok/s), four pairs."""
+    report = _report()
+    source = json.loads((MAP_0513 / "A-c32" / "summary.json").read_text())
+
+    def rows_with(scale: float, lose: int | None = None) -> dict:
+        summary = json.loads(json.dumps(source))
+        (point,) = summary["sweep"]
+        b15 = point["arms"]["ddtree-b15-graphs"]["trials"]
+        for mine, theirs in zip(point["arms"]["ddtree-auto-graphs"]["trials"], b15, strict=True):
+            mine["output_tok_s"] = theirs["output_tok_s"] * scale
+        if lose is not None:
+            b15[lose]["output_tok_s"] = None
+        (tmp_path / "A-c32").mkdir(exist_ok=True)
+        (tmp_path / "A-c32" / "summary.json").write_text(json.dumps(summary))
+        (row,) = report.against_fixed(tmp_path)
+        return row
+
+    near, far = rows_with(0.98), rows_with(0.96)
+    assert near["ratio"] == pytest.approx(0.98) and near["within"]
+    assert far["ratio"] == pytest.approx(0.96) and not far["within"]
+    assert far["verdict"].endswith("slower") and far["ci95"][1] < 1
+    assert rows_with(0.98, lose=2)["n"] == 4
+
+
+def test_the_auto_table_is_printed_only_where_auto_ran(capsys):
+    report = _report()
+    assert report.main([str(MAP_0513)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| auto graphs | A-c") == 6  # auto's table names the bench of each row
+    assert "against the fixed budgets beside it" in out
+    assert report.main([str(RESULTS)]) == 0
+    assert "against the fixed budgets" not in capsys.readouterr().out
