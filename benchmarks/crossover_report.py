@@ -22,6 +22,7 @@ the per-trial tok/s summary.json keeps, with the bench's own pairing, bootstrap 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import sys
@@ -163,15 +164,20 @@ def against_fixed_table(rows: list[dict]) -> str:
 
 
 def agreement(results: Path) -> list[dict]:
-    """Output agreement per bench folder (``requests.jsonl``), greedy outputs compared token
+    """Output agreement per bench folder (``requests.jsonl``, or ``requests.jsonl.gz`` as the
+    stored results keep it), greedy outputs compared token
     for token: for every two arms, the requests of one prompt and trial whose outputs are
     equal; for every arm, the prompts whose output was the same in all its trials (two
     servers can differ where one server's own trials do: at high concurrency a batch's
     makeup follows timing, and a bf16 near-tie follows the batch)."""
     out = []
-    for requests in sorted(results.glob("*/requests.jsonl")):
+    found = {f.parent: f for f in results.glob("*/requests.jsonl.gz")}
+    found.update({f.parent: f for f in results.glob("*/requests.jsonl")})
+    for requests in sorted(found.values()):
+        text = (gzip.decompress(requests.read_bytes()).decode() if requests.suffix == ".gz"
+                else requests.read_text())  # fmt: skip
         outputs: dict[str, dict] = {}
-        for line in requests.read_text().splitlines():
+        for line in text.splitlines():
             r = json.loads(line)
             if r.get("ok") and r.get("output_ids") is not None:
                 outputs.setdefault(r["arm"], {})[(r["prompt_id"], r["trial"])] = r["output_ids"]

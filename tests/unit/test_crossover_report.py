@@ -5,6 +5,7 @@ multi-arm form (phase A) and the two-arm form (phase B) alike."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import shutil
@@ -143,6 +144,13 @@ def test_outputs_are_compared_token_for_token_per_prompt_and_trial(tmp_path):
     changed = report.agreement(tmp_path / "run")
     assert next(r for r in changed if r["arms"] == [a, b])["same"] == pair["same"] - 1
     assert next(r for r in changed if r["arms"] == [a])["same"] == 39
+    # The same bench stored as the results folders keep it (requests.jsonl.gz): same rows.
+    stored = tmp_path / "stored" / "A-c8"
+    stored.mkdir(parents=True)
+    (stored / "requests.jsonl.gz").write_bytes(
+        gzip.compress((WINDOW_MOVE / "A-c8" / "requests.jsonl").read_bytes())
+    )
+    assert report.agreement(tmp_path / "stored") == [r for r in rows if r["bench"] == "A-c8"]
     table = report.agreement_table(rows).splitlines()
     assert (
         len(table) == 2 + len(rows)
