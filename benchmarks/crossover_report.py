@@ -146,12 +146,8 @@ def against_fixed_table(rows: list[dict]) -> str:
         "|---|---|---:|---|---|---|---|",
     ]
     for r in rows:
-        if r["ratio"] is None:
-            ratio = "not measured"
-        else:
-            ratio = f"{r['ratio']:.3f} ({_ci(r['ci95'])}), {r['n']} trials"
-            if r["ci95"][0] > 1 or r["ci95"][1] < 1:
-                ratio = f"**{ratio}**"
+        ratio = ("not measured" if r["ratio"] is None
+                 else _ratio(r["ratio"], r["ci95"], f", {r['n']} trials"))  # fmt: skip
         others = "; ".join(
             f"{o['ratio']:.3f} ({_ci(o['ci95'])}) of {o['budget']}" if o["ratio"] is not None
             else f"not measured against {o['budget']}"
@@ -216,6 +212,12 @@ def _ci(ci: list[float] | None) -> str:
     return f"{ci[0]:.2f}–{ci[1]:.2f}" if ci else "–"
 
 
+def _ratio(ratio: float, ci: list[float], tail: str = "") -> str:
+    """A ratio with its 95 % CI, bold where the CI leaves 1."""
+    text = f"{ratio:.3f} ({_ci(ci)}){tail}"
+    return f"**{text}**" if ci[0] > 1 or ci[1] < 1 else text
+
+
 def table(rows: list[dict]) -> str:
     lines = [
         "| budget | conc. | DDTREE / DFLASH (95 % CI) | verdict | DDTREE / plain | DFLASH / plain "
@@ -226,9 +228,7 @@ def table(rows: list[dict]) -> str:
         plain = f"{c['over_plain']:.2f} ({_ci(c['over_plain_ci95'])})" if c["over_plain"] else "–"
         dfp = f"{c['dflash_over_plain']:.2f}" if c["dflash_over_plain"] else "–"
         ref = f"{c['plain_tok_s']:,.0f}" if c["plain_tok_s"] else "–"
-        ratio = f"{c['ratio']:.3f} ({_ci(c['ci95'])})"
-        if c["ci95"][0] > 1 or c["ci95"][1] < 1:
-            ratio = f"**{ratio}**"
+        ratio = _ratio(c["ratio"], c["ci95"])
         lines.append(
             f"| {c['budget']} | {c['concurrency']} | {ratio} | {c['verdict']} | {plain} | {dfp} "
             f"| {c['tok_s']:,.0f} / {c['dflash_tok_s']:,.0f} / {ref} "
