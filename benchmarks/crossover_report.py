@@ -121,7 +121,7 @@ def against_fixed(results: Path) -> list[dict]:
                 fixed = [a for a, (n, _, s) in parsed.items() if n is not None and s == suffix]
                 if not is_auto or not fixed:
                     continue
-                fixed.sort(key=lambda a: -arms[a]["output_tok_s"])
+                fixed.sort(key=lambda a: -(arms[a]["output_tok_s"] or 0))  # none: measured none
                 against = [compare_trials(_trials(arms[auto]), _trials(arms[f]),
                                           name_a=arm_budget(auto), seed=seed)
                            for f in fixed]  # fmt: skip

@@ -273,6 +273,16 @@ def test_within_three_percent_and_a_lost_trial(tmp_path):
     assert far["ratio"] == pytest.approx(0.96) and not far["within"]
     assert far["verdict"].endswith("slower") and far["ci95"][1] < 1
     assert rows_with(0.98, lose=2)["n"] == 4
+    # Budget 15 measured in no trial (its tok/s none): auto against it is "not measured".
+    summary = json.loads(json.dumps(source))
+    (point,) = summary["sweep"]
+    point["arms"]["ddtree-b15-graphs"]["output_tok_s"] = None
+    for trial in point["arms"]["ddtree-b15-graphs"]["trials"]:
+        trial["output_tok_s"] = None
+    (tmp_path / "A-c32" / "summary.json").write_text(json.dumps(summary))
+    (row,) = report.against_fixed(tmp_path)
+    assert (row["ratio"], row["n"], row["within"]) == (None, 0, False)
+    assert "| 15 graphs | not measured | – | – |" in report.against_fixed_table([row])
 
 
 def test_the_auto_table_is_printed_only_where_auto_ran(capsys):
