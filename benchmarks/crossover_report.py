@@ -116,10 +116,11 @@ def against_fixed(results: Path) -> list[dict]:
         seed = summary.get("config", {}).get("seed", 0)
         for point in summary["sweep"]:
             arms = point["arms"]
-            parsed = {a: ARM.match(a).groups() for a in arms if ARM.match(a)}
-            for auto, (_, is_auto, suffix) in parsed.items():
+            parsed = {a: match.groups() for a in arms if (match := ARM.match(a))}
+            autos = [(a, suffix) for a, (_, auto, suffix) in parsed.items() if auto]
+            for auto, suffix in autos:
                 fixed = [a for a, (n, _, s) in parsed.items() if n is not None and s == suffix]
-                if not is_auto or not fixed:
+                if not fixed:
                     continue
                 fixed.sort(key=lambda a: -(arms[a]["output_tok_s"] or 0))  # none: measured none
                 against = [compare_trials(_trials(arms[auto]), _trials(arms[f]),

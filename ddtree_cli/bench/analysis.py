@@ -106,16 +106,11 @@ def compare(
         if all(math.isfinite(d[t]["output_tok_s"]) for d in (by_trial_a, by_trial_b))
     )
     for metric in ("output_tok_s", "request_s"):
-        a = [by_trial_a[t][metric] for t in trials]
-        b = [by_trial_b[t][metric] for t in trials]
-        out[metric] = _ratio_entry(
-            a,
-            b,
-            paired_by="trial",
-            higher_is_better=True,
+        out[metric] = compare_trials(
+            {t: by_trial_a[t][metric] for t in trials},
+            {t: by_trial_b[t][metric] for t in trials},
+            name_a=name_a,
             seed=seed,
-            better=f"{name_a} faster",
-            worse=f"{name_a} slower",
         )
     recs_a = _ok(r for p in passes_a for r in p.records)
     recs_b = _ok(r for p in passes_b for r in p.records)
@@ -149,10 +144,9 @@ def compare(
 def compare_trials(
     a: dict[int, float | None], b: dict[int, float | None], *, name_a: str, seed: int = 0
 ) -> Effect:
-    """Output tok/s of arm A against arm B from a finished bench (``trial -> tok/s`` of each
-    arm, as summary.json keeps them), paired by trial over the trials both finished: the
-    pairing, bootstrap and verdict ``compare`` gives each arm against the baseline, for two
-    arms under test compared with one another after the run."""
+    """A throughput of arm A against arm B (``trial -> value`` of each arm), paired by trial
+    over the trials both finished: what ``compare`` gives each arm against the baseline, and
+    what two arms under test get from a finished bench's summary.json."""
     trials = sorted(
         t
         for t in a.keys() & b.keys()
