@@ -21,6 +21,14 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
+def without_own_ports(server: tuple[int, list[str]], run: ModuleType) -> list[str]:
+    """A server's command, ``(port, cmd)`` as run.py and crossover.py keep it, without the
+    ports that are its own: HTTP and torch.distributed (``run.NCCL_PORT_OFFSET`` above)."""
+    port, cmd = server
+    own = {str(port), str(port + run.NCCL_PORT_OFFSET)}
+    return [x for x in cmd if x not in own]
+
+
 def free_base(count: int = 3) -> int:
     """``count`` consecutive free ports (run.py uses base, base + 1, base + 2, ...)."""
     for _ in range(50):

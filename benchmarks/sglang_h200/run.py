@@ -256,6 +256,9 @@ def cmd_scale(args) -> int:
 # --- servers -----------------------------------------------------------------------------
 
 
+NCCL_PORT_OFFSET = 10000  # each server's torch.distributed port: its HTTP port + this
+
+
 def server_cmd(state: Path, arm: str, ckpt: str, block: int | None, budget: int | None,
                port: int, mem_fraction: float, max_bs: int, extra: list[str],
                version: str | None = None) -> list[str]:  # fmt: skip
@@ -272,7 +275,10 @@ def server_cmd(state: Path, arm: str, ckpt: str, block: int | None, budget: int 
            # SGLang draws a fresh seed at every start; one seed for all arms, so that
            # `ddtree bench`'s confound guard sees servers equal but for the algorithm.
            "--random-seed", "0",
-           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+           "--host", "127.0.0.1", "--port", str(port),
+           # SGLang's default is a port free when it looks, bound later: servers started
+           # together raced for one (an H100 run lost its auto server to EADDRINUSE).
+           "--nccl-port", str(port + NCCL_PORT_OFFSET)]  # fmt: skip
     algorithm = ALGORITHMS[arm]
     if algorithm:
         cmd += ["--speculative-algorithm", algorithm,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sglang_h200 import load_script
+from tests.sglang_h200 import load_script, without_own_ports
 
 prepare = load_script("prepare")
 run = load_script("run")
@@ -459,13 +459,15 @@ def test_validation_serves_one_ddtree_per_budget_beside_plain_and_dflash(tmp_pat
     assert ports == [run.PORTS["plain"] + i for i in range(4)]
     assert ports[:3] == [run.PORTS["plain"], run.PORTS["dflash"], run.PORTS["ddtree"]]
 
-    def masked(cmd, port):
-        return ["PORT" if a == str(port) else a for a in cmd]
+    # Each server's torch.distributed port is its own, fixed, and none is an HTTP port:
+    # servers started together no longer draw one from the free ports at the same time.
+    nccl = [int(cmd[cmd.index("--nccl-port") + 1]) for _, cmd in servers.values()]
+    assert len(set(nccl)) == len(nccl) and not set(nccl) & set(ports)
 
-    plain = masked(servers["plain"][1], ports[0])
+    plain = without_own_ports(servers["plain"], run)
     for name, (port, cmd) in servers.items():
-        # The same flags but the port, the algorithm and its budget (after plain's flags).
-        assert masked(cmd, port)[: len(plain)] == plain
+        # The same flags but the ports, the algorithm and its budget (after plain's flags).
+        assert without_own_ports((port, cmd), run)[: len(plain)] == plain
         if name.startswith("ddtree"):
             assert cmd[-2:] == ["--speculative-ddtree-budget", name.removeprefix("ddtree-n")]
     assert run.plan_steps(_validate_args(), c) == [

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sglang_h200 import free_base, load_script, standin_bundle
+from tests.sglang_h200 import free_base, load_script, standin_bundle, without_own_ports
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]
@@ -57,8 +57,11 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
     eager = g["ddtree-n15"][1]
     assert eager[:2] == ["env", "SGLANG_DDTREE_ROUND_GRAPHS=0"]
     assert g["dflash"][1][0] != "env" and g["plain"][1][0] != "env"
-    same_but_port = ["30007" if x == "30003" else x for x in eager[2:]]
-    assert g["ddtree-g15"][1] == ["env", "SGLANG_DDTREE_ROUND_GRAPHS=1", *same_but_port]
+    run = crossover.main.__globals__["run"]
+    assert without_own_ports(g["ddtree-g15"], run) == [
+        "env", "SGLANG_DDTREE_ROUND_GRAPHS=1", *without_own_ports((30003, eager[2:]), run)]  # fmt: skip
+    for name, (port, cmd) in g.items():  # each its own NCCL port, next to its HTTP port
+        assert cmd[cmd.index("--nccl-port") + 1] == str(port + run.NCCL_PORT_OFFSET), name
     assert [crossover.arm_of(n) for n in ("ddtree-n15", "ddtree-nauto", "ddtree-g15",
                                           "ddtree-gauto", "ddtree-g15v", "ddtree-g15m")] == [
         "ddtree-b15", "ddtree-auto", "ddtree-b15-graphs", "ddtree-auto-graphs",
@@ -69,8 +72,10 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
     assert v["ddtree-g15v"][1][:3] == [
         "env", "SGLANG_DDTREE_ROUND_GRAPHS=1", "SGLANG_DDTREE_VERIFY_GRAPHS=1"]  # fmt: skip
     assert v["ddtree-g15"][1][2] != "SGLANG_DDTREE_VERIFY_GRAPHS=1"
-    same = [x for x in v["ddtree-g15v"][1][3:] if x != str(v["ddtree-g15v"][0])]
-    assert same == [x for x in v["ddtree-g15"][1][2:] if x != str(v["ddtree-g15"][0])]
+    g15v, g15 = v["ddtree-g15v"], v["ddtree-g15"]
+    assert without_own_ports((g15v[0], g15v[1][3:]), run) == without_own_ports(
+        (g15[0], g15[1][2:]), run
+    )
     # 15m: budget 15 once more, with the v2 accept's KV move of the accepted rows only.
     m = crossover.servers_for(tmp_path, args, [], "0.5.17",
                               graphs=crossover._graph_budgets("15,15m"))  # fmt: skip
@@ -87,8 +92,7 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
     ctl = crossover.servers_for(tmp_path, args, [], "0.5.17",
                                 graphs=crossover._graph_budgets("15,15c"))  # fmt: skip
     assert ctl["ddtree-g15c"][1][:2] == ["env", "SGLANG_DDTREE_ROUND_GRAPHS=1"]
-    assert [x for x in ctl["ddtree-g15c"][1] if x != str(ctl["ddtree-g15c"][0])] == [
-        x for x in ctl["ddtree-g15"][1] if x != str(ctl["ddtree-g15"][0])]  # fmt: skip
+    assert without_own_ports(ctl["ddtree-g15c"], run) == without_own_ports(ctl["ddtree-g15"], run)
     assert ctl["ddtree-g15c"][0] != ctl["ddtree-g15"][0]
     assert crossover.arm_of("ddtree-g15c") == "ddtree-b15-graphs-control"
     # 15k: budget 15 once more, both KV moves every round, compared.
@@ -131,7 +135,6 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
         assert "--sleep-on-idle" in flags  # idle servers leave the cores to the one timed
     # From 0.5.14 a server sizes its KV pool from what is free when it profiles: the map
     # starts each once the one before has its pool; 0.5.13's start at once.
-    run = crossover.main.__globals__["run"]
     assert [run.pool_wait(v) for v in ("0.5.13", "0.5.13.post1", "0.5.14", "0.5.17")] == [
         None, None, 300.0, 300.0]  # fmt: skip
 
