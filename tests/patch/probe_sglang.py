@@ -377,7 +377,8 @@ else:
     from sglang.srt.speculative import ddtree_worker as _v1_worker  # noqa: E402
     from sglang.srt.speculative.dflash_worker import DFlashWorker  # noqa: E402
 
-    ROUND_S, PLAN_S = 0.02, 0.2  # the plan far longer than any CPU hiccup of the round
+    DRAFT_S, VERIFY_S = 0.012, 0.008  # the drafter's pass; the verify and the commit
+    ROUND_S, PLAN_S = DRAFT_S + VERIFY_S, 0.2  # the plan far longer than any CPU hiccup
     PREFILL_S = 0.03
 
     class _SlowPlan(ddtree_budget_policy.BudgetPolicy):
@@ -405,17 +406,30 @@ else:
             return True
 
     def parent_round(self, batch, **kwargs):
+        """DFlash's round: the drafter's pass, the worker's own _build_verify_input (the
+        real one: head top-K and tree from a stand-in for the round graphs, verify inputs,
+        the round's width), then the verify and the commit, which set the accepted path."""
         if batch.forward_mode.is_extend():
             _time.sleep(PREFILL_S)
             return "prefill result"
-        _time.sleep(ROUND_S)
-        current = self._round
-        tree = ddtree_tree.build_tree(torch.randn(2, 15, 40), current.plan.budget)
-        accept_index = torch.full((2, tree.num_slots), -1, dtype=torch.int32)
-        accept_index[:, 0] = torch.arange(2, dtype=torch.int32) * tree.num_slots  # roots
-        current.tree = tree
-        current.verify_input = types.SimpleNamespace(accept_index=accept_index)
+        _time.sleep(DRAFT_S)
+        verify_input = self._build_verify_input(
+            batch=batch,
+            draft_hidden=torch.randn(2, 16, 8),
+            lm_head=None,
+            block_ids=torch.zeros((2, 16), dtype=torch.long),
+            positions_2d=None,
+        )
+        _time.sleep(VERIFY_S)
+        slots = verify_input.draft_token_num
+        accept_index = torch.full((2, slots), -1, dtype=torch.int32)
+        accept_index[:, 0] = torch.arange(2, dtype=torch.int32) * slots  # the roots
+        verify_input.accept_index = accept_index
         return "round result"
+
+    def round_graphs(hidden, k, budget):  # what DraftRoundGraphs returns, on the CPU
+        logprobs, ids = torch.log_softmax(torch.randn(hidden.shape[0], 15, 80), -1).topk(k)
+        return logprobs, ids, ddtree_tree.build_tree_from_topk(logprobs, ids, budget)
 
     def auto_round_times(modes):
         """Rounds of 2 requests through the v1 worker's forward_batch_generation, each
@@ -432,10 +446,18 @@ else:
             {b: torch.empty((2, len(worker._candidates[b]))) for b in policy.budgets}
             for _ in range(2)
         ]
+        worker._host_probe = [torch.empty(len(policy.budgets)) for _ in range(2)]
+        worker.budget, worker._round_graphs = policy.max_budget, round_graphs
+        worker._graph_runners = {}
+        worker.target_worker = types.SimpleNamespace(
+            model_runner=types.SimpleNamespace(attn_backend=types.SimpleNamespace())
+        )
         batches = [
             types.SimpleNamespace(
                 forward_mode=ForwardMode.EXTEND if m == "extend" else ForwardMode.DECODE,
                 batch_size=lambda: 2,
+                seq_lens=torch.tensor([8, 8]),
+                seq_lens_cpu=torch.tensor([8, 8]),
             )
             for m in modes
         ]
@@ -453,6 +475,8 @@ else:
         }
 
     out["auto_round_time"] = {
+        "draft_s": DRAFT_S,
+        "verify_s": VERIFY_S,
         "round_s": ROUND_S,
         "plan_s": PLAN_S,
         "prefill_s": PREFILL_S,

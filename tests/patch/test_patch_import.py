@@ -343,8 +343,20 @@ def test_budget_auto_on_0_5_13_and_refused_on_v2(probe):
     verify and keeps "auto" visible; the v2 releases refuse it in one line."""
     version, facts = probe
     cli, auto = facts["auto_cli"], facts["budget_auto"]
-    if not is_v1(version):  # v2's flag is an int; _handle_ddtree and the worker refuse too
-        assert "invalid int value: 'auto'" in cli["auto"]
+    if not is_v1(version):  # v2's flag is a number; _handle_ddtree and the worker refuse too
+        # argparse refuses auto (any case) in one line that says what to give instead,
+        # and anything else that is not a number as such
+        for value in ("auto", "AUTO"):
+            assert cli[value] == (
+                "ArgumentError: argument --speculative-ddtree-budget: "
+                "--speculative-ddtree-budget auto runs on SGLang 0.5.13 only for now: give "
+                "a number of tree nodes (block size - 1, the default, or more)"
+            )
+        assert cli["64"] == 64
+        assert cli["autox"] == (
+            "ArgumentError: argument --speculative-ddtree-budget: "
+            "--speculative-ddtree-budget must be a number of tree nodes, got 'autox'"
+        )
         # --help says what the flag takes there, not that block - 1 is the only value
         help_text = " ".join(facts["budget_help"].split())
         assert "block size - 1 (the default) or more, up to 1024" in help_text
@@ -397,9 +409,10 @@ def test_budget_auto_statistics_match_each_candidates_own_tree(probe):
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)
 def test_budget_auto_times_the_round_not_the_policy(probe):
     """Under auto the policy gets every round's host time as the round ends, DFlash's
-    forward from draft to commit (a stand-in that sleeps 20 ms and builds the round's
-    tree), without the policy's own work (a plan made 200 ms slow), reported beside it in
-    the round timing; the tree statistics of the rounds that read them (here the first
+    forward from draft to commit (a stand-in that sleeps 12 ms, calls the worker's own
+    _build_verify_input, sleeps 8 ms), without the policy's own work (a plan made 200 ms
+    slow), reported beside it in the round timing, split into the draft, the build and the
+    verify; the tree statistics of the rounds that read them (here the first
     probe, the exploration's round at the largest budget: below it a probe waits) come a
     round later. A prefill between two rounds (30 ms) is timed as a part of the next
     round's gap, not as a round. Bounds from the sleeps, not performance figures: a time
@@ -412,13 +425,25 @@ def test_budget_auto_times_the_round_not_the_policy(probe):
     for _, seconds in t["observed"]:
         assert t["round_s"] <= seconds < t["round_s"] + t["plan_s"]
     assert t["stats"] == [64]
-    cell = t["timing"]["buckets"]["2"]["65"]
-    assert cell["rounds"] == 4  # the prefill is not a round
-    assert cell["policy_ms"]["p50"] >= t["plan_s"] * 1e3
-    # three gaps: the one with the prefill in it, then two without
-    prefill, gap = cell["prefill_ms"], cell["gap_ms"]
-    assert t["prefill_s"] * 1e3 <= prefill["max"] <= gap["max"]
-    assert prefill["p50"] == 0.0 and gap["p50"] < t["prefill_s"] * 1e3
+    # each round at its own width (the worker's _build_verify_input sets it); the prefill
+    # is not a round
+    cells = t["timing"]["buckets"]["2"]
+    assert {w: c["rounds"] for w, c in cells.items()} == {"16": 2, "33": 1, "65": 1}
+    for cell in cells.values():
+        assert cell["policy_ms"]["p50"] >= t["plan_s"] * 1e3
+        # DFlash's round split around the worker's build: the drafter's pass before it,
+        # the verify and commit after it, neither holding the plan; with the build and the
+        # policy's work they are the whole forward
+        draft, verify, build = cell["draft_ms"], cell["verify_ms"], cell["build_ms"]
+        assert t["draft_s"] * 1e3 <= draft["p50"] < (t["draft_s"] + t["plan_s"] / 2) * 1e3
+        assert t["verify_s"] * 1e3 <= verify["p50"] < (t["verify_s"] + t["plan_s"] / 2) * 1e3
+        parts = draft["mean"] + build["mean"] + verify["mean"] + cell["policy_ms"]["mean"]
+        assert parts == pytest.approx(cell["forward_ms"]["mean"], abs=0.5)
+    # three gaps: the one with the prefill in it (before the round at 33), then two without
+    assert cells["33"]["prefill_ms"]["max"] >= t["prefill_s"] * 1e3
+    assert cells["33"]["gap_ms"]["max"] >= cells["33"]["prefill_ms"]["max"]
+    assert cells["65"]["prefill_ms"]["max"] == 0.0
+    assert cells["65"]["gap_ms"]["max"] < t["prefill_s"] * 1e3
 
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)

@@ -147,7 +147,7 @@ def test_unknown_content_is_refused_with_the_nearest_series_and_nothing_changes(
     assert out.returncode == 1 and "Traceback" not in out.stderr
     message = " ".join(out.stderr.split())
     assert "0.5.99" in message and "matches no supported release by content" in message
-    assert "nearest series 0.5.23: all 30 of its hunks find a unique anchor" in message
+    assert "nearest series 0.5.23: all 31 of its hunks find a unique anchor" in message
     assert "--force applies that series" in message
     assert run_cli(str(root), "--check").returncode == 1
     assert tree_digest(root) == before
@@ -181,7 +181,7 @@ def test_force_refuses_a_missing_anchor_and_names_the_hunks(snapshot_copy):
         out = run_cli(str(root), *args)
         assert out.returncode == 1
         message = " ".join(out.stderr.split())
-        assert "nearest series 0.5.23: 1 of its 30 hunks would not apply" in message
+        assert "nearest series 0.5.23: 1 of its 31 hunks would not apply" in message
         assert "spec_registry.py: hunk 1 (anchor not found)" in message
     assert tree_digest(root) == before
 

@@ -3,6 +3,7 @@ draft head and the tree's verify inputs."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from typing import TYPE_CHECKING, Any, Optional, Tuple
@@ -43,15 +44,14 @@ _HYBRID_CONFIG_FIELDS = ("hybrid_override_pattern", "linear_attn_config", "layer
 _RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "mamba", "mamba2", "conv", "gdn"})
 
 
+class _BudgetError(argparse.ArgumentTypeError, ValueError):
+    """What argparse shows in one line and Python code catches as a ValueError."""
+
+
 def ddtree_budget_arg(value: Any):
     """``--speculative-ddtree-budget``: a whole number (its range is checked by
     ``_handle_ddtree``) or ``"auto"``; anything else is refused in one line (argparse shows
     the message; from Python it is a ValueError)."""
-    import argparse
-
-    class BudgetError(argparse.ArgumentTypeError, ValueError):
-        pass
-
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     text = str(value).strip()
@@ -60,10 +60,27 @@ def ddtree_budget_arg(value: Any):
     try:
         return int(text)
     except ValueError:
-        raise BudgetError(
+        raise _BudgetError(
             f"--speculative-ddtree-budget must be a number of tree nodes or 'auto', "
             f"got {value!r}"
         ) from None
+
+
+def ddtree_budget_number(value: Any) -> int:
+    """``--speculative-ddtree-budget`` where ``auto`` is not built (the v2 releases):
+    ``ddtree_budget_arg`` less ``auto``, each refusal in one line that says what to give."""
+    try:
+        budget = ddtree_budget_arg(value)
+    except _BudgetError:
+        raise _BudgetError(
+            f"--speculative-ddtree-budget must be a number of tree nodes, got {value!r}"
+        ) from None
+    if budget == "auto":
+        raise _BudgetError(
+            "--speculative-ddtree-budget auto runs on SGLang 0.5.13 only for now: give a "
+            "number of tree nodes (block size - 1, the default, or more)"
+        )
+    return budget
 
 
 def refuse_budget_auto(server_args: "ServerArgs", why: str) -> None:
