@@ -8,8 +8,12 @@ rounds, their host time; 0 when none ran: a gap that grows at a steady load is t
 as longer or more prefills or as more scheduler work), ``forward`` (the worker's whole
 decode step: draft, tree, verify and commit, including its waits for the device),
 ``build`` (the draft head's top-K, the tree and the verify inputs: launches only, the host
-does not wait there) and ``policy`` (budget auto's plan, tree statistics and observation;
-0 for a fixed budget).
+does not wait there), ``policy`` (budget auto's plan, tree statistics and observation;
+0 for a fixed budget) and, where the worker reports them (the spec-v1 worker), the rest of
+``forward`` around the build: ``draft`` (from the round's start, after auto's plan, to the
+build: the drafter's pass) and ``verify`` (the rest after the build, less auto's work:
+the target's verify, its host synchronisation and the commit), so that forward = draft +
+build + verify + policy.
 Each as p50, p90, mean and max in milliseconds. A fixed budget and ``auto`` report the same
 fields, so a round of ``auto`` can be set against the fixed budget it chose, phase by phase.
 
@@ -23,7 +27,7 @@ import time
 from collections import deque
 from typing import Deque, Dict, Optional
 
-PHASES = ("gap", "prefill", "forward", "build", "policy")
+PHASES = ("gap", "prefill", "forward", "draft", "build", "verify", "policy")
 IDLE_GAP_S = 1.0  # a longer gap between decode rounds is idle time, not scheduler work
 
 
@@ -55,9 +59,12 @@ class RoundTiming:
         end: float,
         build: float,
         policy: float = 0.0,
+        draft: Optional[float] = None,
+        verify: Optional[float] = None,
     ) -> None:
-        """One decode round: ``start``/``end`` from ``time.perf_counter()``, ``build`` and
-        ``policy`` in seconds."""
+        """One decode round: ``start``/``end`` from ``time.perf_counter()``, ``build``,
+        ``policy``, ``draft`` and ``verify`` in seconds (the last two left out where a worker
+        does not split its round so: their summaries stay None)."""
         gap = None if self._last_end is None else start - self._last_end
         self._last_end = end
         prefill, self._prefill_s = self._prefill_s, 0.0
@@ -74,6 +81,9 @@ class RoundTiming:
             cell["forward"].append((end - start) * 1e3)
             cell["build"].append(build * 1e3)
             cell["policy"].append(policy * 1e3)
+            for phase, seconds in (("draft", draft), ("verify", verify)):
+                if seconds is not None:
+                    cell[phase].append(seconds * 1e3)
 
     def snapshot(self) -> dict:
         """``{"window": N, "buckets": {bucket: {width: {"rounds": n, "<phase>_ms": {...}}}}}``

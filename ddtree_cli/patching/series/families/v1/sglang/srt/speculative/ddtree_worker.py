@@ -25,7 +25,8 @@ device, copied to pinned memory without a synchronisation and read a round later
 verify's host synchronisation has passed them (``observe_stats``).
 
 Every DDTREE server (fixed budget or auto) times its rounds on the host
-(``ddtree_round_timing.py``, in ``/server_info``) and, at start-up, runs the round's eager
+(``ddtree_round_timing.py``, in ``/server_info``: each round's draft, build, verify and,
+under auto, the policy's work) and, at start-up, runs the round's eager
 part once per budget and CUDA-graph batch size so that its Triton kernels compile before the
 first request. By default (one rank, CUDA; ``SGLANG_DDTREE_ROUND_GRAPHS=0`` turns it off) it
 first captures the draft head and the tree build in CUDA graphs per batch size, K and budget
@@ -163,6 +164,8 @@ class DDTreeWorker(DFlashWorker):
         self._pending: Optional[_Round] = None
         self.round_timing = RoundTiming()
         self._build_s = 0.0  # the latest round's _build_verify_input, host seconds
+        self._build_at: Optional[float] = None  # ... and when it started (perf_counter)
+        self._dflash_at = 0.0  # when DFlash's round started (after auto's plan)
         if self.policy is not None:
             self._init_budget_auto()
         # The round graphs first: every capture empties PyTorch's allocator caches
@@ -322,19 +325,26 @@ class DDTreeWorker(DFlashWorker):
                 super().forward_batch_generation, batch, **kwargs
             )
         start = time.perf_counter()
-        self._build_s = 0.0
+        self._build_s, self._build_at, self._dflash_at = 0.0, None, start
         bs = batch.batch_size()
         if self.policy is None:
             result, policy_s = super().forward_batch_generation(batch, **kwargs), 0.0
         else:
             result, policy_s = self._forward_auto(batch, bs, **kwargs)
+        end = time.perf_counter()
+        draft = verify = None
+        if self._build_at is not None:  # DFlash's round: draft, build (ours), verify
+            draft = self._build_at - self._dflash_at
+            verify = end - start - policy_s - draft - self._build_s
         self.round_timing.record(
             ddtree_budget_policy.batch_bucket(bs),
             self.round_budget + 1,
             start=start,
-            end=time.perf_counter(),
+            end=end,
             build=self._build_s,
             policy=policy_s,
+            draft=draft,
+            verify=verify,
         )
         return result
 
@@ -351,7 +361,7 @@ class DDTreeWorker(DFlashWorker):
             self._parity ^= 1
         current = _Round(batch=bs, plan=plan, parity=self._parity, observed=observed)
         self._round = current
-        t1 = time.perf_counter()
+        t1 = self._dflash_at = time.perf_counter()
         policy_s = t1 - t0
         try:
             result = super().forward_batch_generation(batch, **kwargs)
@@ -425,7 +435,7 @@ class DDTreeWorker(DFlashWorker):
         block_ids: torch.Tensor,
         positions_2d: torch.Tensor,
     ) -> DDTreeVerifyInput:
-        t0 = time.perf_counter()
+        t0 = self._build_at = time.perf_counter()
         current = self._round
         budget = self.budget if current is None else current.plan.budget
         probe = current is not None and current.plan.probe and budget < self.budget
