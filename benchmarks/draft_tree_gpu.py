@@ -168,10 +168,23 @@ def capture(fn):
     return graph, out
 
 
-def replay_times(graph, iters: int) -> list[float]:
+# A spin of about 0.1 ms in front of a queued replay (``replay_times(queued=True)``): longer
+# than the host takes to enqueue the start event, the graph and the end event.
+QUEUE_SPIN_CYCLES = 200_000
+
+
+def replay_times(graph, iters: int, queued: bool = False) -> list[float]:
+    """Each replay's time between CUDA events around it. With an idle GPU (the default) that
+    includes the host's launch of the graph: the start event fires as soon as it is enqueued
+    and the graph's first kernel waits for the host, as a round after a host synchronisation
+    does in a server. ``queued``: a spin kernel first keeps the GPU busy while the host
+    enqueues the events and the graph, so the time is the graph's on the device alone, as
+    when the round is launched ahead of the GPU."""
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if queued:
+            torch.cuda._sleep(QUEUE_SPIN_CYCLES)
         start.record()
         graph.replay()
         end.record()
@@ -191,13 +204,13 @@ def block_us(fn, iters: int) -> float:
     return start.elapsed_time(end) * 1000 / iters
 
 
-def time_graph(fn, iters: int, outputs: list | None = None) -> float:
-    """Median replay time of a CUDA graph of ``fn``; ``outputs`` (a list) receives the
-    graph's output tensors."""
+def time_graph(fn, iters: int, outputs: list | None = None, queued: bool = False) -> float:
+    """Median replay time of a CUDA graph of ``fn`` (``replay_times``); ``outputs`` (a list)
+    receives the graph's output tensors."""
     graph, out = capture(fn)
     if outputs is not None:
         outputs.append(out)
-    return statistics.median(replay_times(graph, iters))
+    return statistics.median(replay_times(graph, iters, queued))
 
 
 def time_graph_pair(fn_a, fn_b, iters: int, rounds: int = 4) -> tuple[float, float]:
@@ -488,6 +501,8 @@ def main() -> int:
                 timings.append(("triton_eager_us", time_eager, triton_round, args.iters // 2))
                 keep = functools.partial(time_graph, outputs=replayed)
                 timings.append(("triton_graph_us", keep, triton_round, args.iters))
+                queued = functools.partial(time_graph, queued=True)
+                timings.append(("triton_graph_queued_us", queued, triton_round, args.iters))
             for key, timer, fn, iters in timings:
                 try:
                     row[key] = timer(fn, iters)
@@ -575,6 +590,7 @@ def tune(args, dev, gen) -> dict:
         ("row_div",): (64, 32, 128),
         ("tree_rise", "tree_narrow"): ((0, 0), (1, 0), (0, 1), (1, 1)),
         ("pdl",): (0, 1),  # timed on the whole round: it acts between the kernels
+        ("fuse",): (0, 1, 2),  # the whole round too: it removes launches from it
         # (CH, CPG, GPP): the vocabulary pass's chunk width, chunks per group, groups per
         # program of its full read; each checked against the PyTorch path and against the
         # top-K ids of the geometry set before tuning, before it is timed.
@@ -591,7 +607,7 @@ def tune(args, dev, gen) -> dict:
         logits, budget, lp, ids, tree, roots, prefix, numel, target = cell
         if key in ("select_div", "vocab_geom"):
             return [lambda: dt._triton_topk_logprobs(logits, budget)]
-        if key == "pdl":
+        if key in ("pdl", "fuse"):
             return [make_round(logits, budget, roots, prefix, target, numel, True)]
         if key.startswith("tree_"):
             return [lambda: dt.build_tree_from_topk(lp, ids, budget, use_triton=True)]
@@ -608,6 +624,13 @@ def tune(args, dev, gen) -> dict:
     ids_before = []
     if not wanted or "vocab_geom" in wanted:
         ids_before = [check_topk(cell[0], cell[1])[2] for cell in cells]
+    # The round before any fusion is tried: every fused setting must give it exactly.
+    unfused = []
+    if not wanted or "fuse" in wanted:
+        fuse = dt._TUNING["fuse"]
+        dt._TUNING["fuse"] = 0
+        unfused = [make_round(c[0], c[1], c[5], c[6], c[8], c[7], True)() for c in cells]
+        dt._TUNING["fuse"] = fuse
     report = {}
     for keys, options in choices.items():
         if wanted and not wanted & set(keys):
@@ -623,6 +646,12 @@ def tune(args, dev, gen) -> dict:
                 if keys[0].startswith("tree_"):
                     for cell in cells:
                         check_tree(cell[2], cell[3], cell[1], floors=(dt._TUNING["tree_exit"],))
+                if keys[0] == "fuse":
+                    for c, want in zip(cells, unfused, strict=True):
+                        diff = round_differences(
+                            make_round(c[0], c[1], c[5], c[6], c[8], c[7], True)(), want
+                        )
+                        assert not diff, f"the fused round differs: {diff}"
                 if keys[0] == "vocab_geom":
                     for cell, want in zip(cells, ids_before, strict=True):
                         got = check_topk(cell[0], cell[1])[2]
@@ -734,6 +763,7 @@ def print_table(rows) -> None:
         "torch_graph_us",
         "triton_eager_us",
         "triton_graph_us",
+        "triton_graph_queued_us",
         "triton_graph_paired_us",
         "baseline_graph_us",
     ]

@@ -67,6 +67,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -713,6 +714,11 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 # timed in that run (the log-probs held in registers, a counting sort) were slower on every
 # kind of row and were removed. `DDTREE_PDL=1` in a process's environment turns `pdl` on
 # from its start (a server, whose copy of this module nobody tunes), read once here.
+# `fuse` runs the round's first kernels as one launch: 1, each row's top-K selection in the
+# last of the row's stats programs to finish (no `vocab_select` launch); 2, also each
+# request's tree in the last of its rows' selections (no `tree` launch; where the tree is
+# built from the logits, `build_tree`). Exact either way (the same code runs, in another
+# program); off until timed (docs/performance.md).
 # `vocab_geom` is the vocabulary pass's block geometry (CH, CPG, GPP): chunks of CH logits,
 # groups of CPG chunks, GPP groups per program of the full read (see _vocab_geom); any
 # usable geometry gives the same top-K ids, and log-probs that differ at most by the
@@ -726,6 +732,7 @@ _TUNING: dict[str, int | tuple[int, int, int]] = {
     "tree_rise": 1,
     "tree_narrow": 1,
     "pdl": int(os.environ.get(PDL_ENV) == "1"),
+    "fuse": 0,
     "vocab_geom": (32, 16, 8),
 }
 
@@ -828,16 +835,12 @@ def _kernels():
     )
 
     @triton.jit
-    def vocab_stats(
-        logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
-        CH: tl.constexpr, CPG: tl.constexpr, GPP: tl.constexpr, PDL: tl.constexpr,
+    def _tt_stats(
+        row, p, logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+        CH: tl.constexpr, CPG: tl.constexpr, GPP: tl.constexpr,
     ):  # fmt: skip
         # The one full read of the logits: the maximum of every CH-wide chunk and of every
         # group of CPG chunks, and a partial log-sum-exp per program.
-        if PDL:
-            _tt_pdl_start()
-        row = tl.program_id(0)
-        p = tl.program_id(1)
         g = p * GPP + tl.arange(0, GPP)
         c = tl.arange(0, CPG)
         offs = (g[:, None, None] * CPG + c[None, :, None]) * CH + tl.arange(0, CH)[None, None, :]
@@ -854,6 +857,20 @@ def _kernels():
         safe = tl.where(mx == float("-inf"), 0.0, mx)
         tl.store(pmax + row * n_prog + p, mx)
         tl.store(psum + row * n_prog + p, tl.sum(tl.exp(x - safe)))
+
+    globals().update(_tt_stats=_tt_stats)
+
+    @triton.jit
+    def vocab_stats(
+        logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+        CH: tl.constexpr, CPG: tl.constexpr, GPP: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        if PDL:
+            _tt_pdl_start()
+        _tt_stats(
+            tl.program_id(0), tl.program_id(1), logits, stride, vocab, cmax, n_chunks, gmax,
+            n_groups, pmax, psum, n_prog, CH, CPG, GPP,
+        )  # fmt: skip
 
     @triton.jit
     def _tt_top_above(keys, tau, scratch, KP: tl.constexpr, CAP: tl.constexpr):
@@ -894,18 +911,15 @@ def _kernels():
     globals().update(_tt_select=_tt_select)
 
     @triton.jit
-    def vocab_select(
-        logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+    def _tt_select_row(
+        row, logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
         lp_out, ids_out, k, floor, scratch,
         CH: tl.constexpr, CPG: tl.constexpr, GP: tl.constexpr, KP: tl.constexpr,
-        PP: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr,
+        PP: tl.constexpr, CAP: tl.constexpr,
     ):  # fmt: skip
         # Exact top KP of a row in three narrowing steps. The KP blocks with the largest
         # maxima hold KP elements >= the KP-th largest maximum and every element above it, so
         # the top KP of their union has the row's top-KP values. Groups -> chunks -> logits.
-        if PDL:
-            _tt_pdl_start()
-        row = tl.program_id(0)
         pp = tl.arange(0, PP)
         pm = tl.load(pmax + row * n_prog + pp, mask=pp < n_prog, other=float("-inf"))
         ps = tl.load(psum + row * n_prog + pp, mask=pp < n_prog, other=0.0)
@@ -934,18 +948,30 @@ def _kernels():
         tl.store(lp_out + row * k + kk, lp, mask=km)
         tl.store(ids_out + row * k + kk, _tt_index(top), mask=km)
 
+    globals().update(_tt_select_row=_tt_select_row)
+
     @triton.jit
-    def tree(
-        lp, ids, k, cand, n_cand, s_buf, c_buf, scratch,
+    def vocab_select(
+        logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+        lp_out, ids_out, k, floor, scratch,
+        CH: tl.constexpr, CPG: tl.constexpr, GP: tl.constexpr, KP: tl.constexpr,
+        PP: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        if PDL:
+            _tt_pdl_start()
+        _tt_select_row(
+            tl.program_id(0), logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax,
+            psum, n_prog, lp_out, ids_out, k, floor, scratch, CH, CPG, GP, KP, PP, CAP,
+        )  # fmt: skip
+
+    @triton.jit
+    def _tt_tree(
+        req, lp, ids, k, cand, n_cand, s_buf, c_buf, scratch,
         tokens, parents, depths, scores, num_nodes, vis,
         n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
         LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
         D1: tl.constexpr, BOUND: tl.constexpr, RISE: tl.constexpr, NARROW: tl.constexpr,
-        PDL: tl.constexpr,
     ):  # fmt: skip
-        if PDL:
-            _tt_pdl_start()
-        req = tl.program_id(0)
         n: tl.constexpr = budget + 1
         # Zero this request's visibility block first; the stores drain during the selection.
         vis_r = vis + req.to(tl.int64) * (n * n)
@@ -1134,6 +1160,72 @@ def _kernels():
             tl.store(row_ptr + anc, ones, mask=colm)
             anc = tl.gather(up, anc, 0)
 
+    globals().update(_tt_tree=_tt_tree)
+
+    @triton.jit
+    def tree(
+        lp, ids, k, cand, n_cand, s_buf, c_buf, scratch,
+        tokens, parents, depths, scores, num_nodes, vis,
+        n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
+        LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
+        D1: tl.constexpr, BOUND: tl.constexpr, RISE: tl.constexpr, NARROW: tl.constexpr,
+        PDL: tl.constexpr,
+    ):  # fmt: skip
+        if PDL:
+            _tt_pdl_start()
+        _tt_tree(
+            tl.program_id(0), lp, ids, k, cand, n_cand, s_buf, c_buf, scratch,
+            tokens, parents, depths, scores, num_nodes, vis,
+            n_pos, budget, BP, CP, LBP, LP, NP, ZB, D1, BOUND, RISE, NARROW,
+        )  # fmt: skip
+
+    @triton.jit
+    def vocab_fused(
+        logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+        lp_out, ids_out, k, floor, sel_scratch, row_count, req_count,
+        cand, n_cand, s_buf, c_buf, tree_scratch, tokens, parents, depths, scores, num_nodes,
+        vis,
+        CH: tl.constexpr, CPG: tl.constexpr, GPP: tl.constexpr, GP: tl.constexpr,
+        KP: tl.constexpr, PP: tl.constexpr, CAP: tl.constexpr, TREE: tl.constexpr,
+        n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
+        LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
+        D1: tl.constexpr, BOUND: tl.constexpr, RISE: tl.constexpr, NARROW: tl.constexpr,
+        PDL: tl.constexpr,
+    ):  # fmt: skip
+        # `vocab_stats`, then `vocab_select` (and with TREE `tree`) in one launch (`_TUNING
+        # ["fuse"]`): the last of a row's stats programs to finish selects that row's top K,
+        # and (TREE) the last of a request's rows to be selected builds its tree. "Last" is
+        # counted in row_count / req_count (zero before the launch, zero again after it: the
+        # last one resets its counter). Every program's writes come before its count
+        # (barrier, then a release), and the last one reads after its count (an acquire,
+        # then a barrier), so it sees every other program's writes.
+        if PDL:
+            _tt_pdl_start()
+        row = tl.program_id(0)
+        _tt_stats(
+            row, tl.program_id(1), logits, stride, vocab, cmax, n_chunks, gmax, n_groups,
+            pmax, psum, n_prog, CH, CPG, GPP,
+        )  # fmt: skip
+        tl.debug_barrier()
+        if tl.atomic_add(row_count + row, 1, sem="acq_rel", scope="gpu") == n_prog - 1:
+            tl.debug_barrier()
+            tl.store(row_count + row, 0)
+            _tt_select_row(
+                row, logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum,
+                n_prog, lp_out, ids_out, k, floor, sel_scratch, CH, CPG, GP, KP, PP, CAP,
+            )  # fmt: skip
+            if TREE:
+                tl.debug_barrier()
+                req = row // n_pos
+                if tl.atomic_add(req_count + req, 1, sem="acq_rel", scope="gpu") == n_pos - 1:
+                    tl.debug_barrier()
+                    tl.store(req_count + req, 0)
+                    _tt_tree(
+                        req, lp_out, ids_out, k, cand, n_cand, s_buf, c_buf, tree_scratch,
+                        tokens, parents, depths, scores, num_nodes, vis,
+                        n_pos, budget, BP, CP, LBP, LP, NP, ZB, D1, BOUND, RISE, NARROW,
+                    )  # fmt: skip
+
     # `numel` (the mask's size) follows the prefix lengths. Specialised on its divisibility
     # by 16, as Triton does an integer argument by default, a round whose lengths change
     # that compiles a second variant mid-serving, which the start-up warm-up (one set of
@@ -1239,6 +1331,7 @@ def _kernels():
     return {
         "vocab_stats": vocab_stats,
         "vocab_select": vocab_select,
+        "vocab_fused": vocab_fused,
         "tree": tree,
         "verify": verify,
         "walk": walk,
@@ -1279,10 +1372,17 @@ def _vocab_geom() -> tuple[int, int, int]:
     return ch, cpg, gpp
 
 
-def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """:func:`topk_logprobs` in two launches: one read of the logits for the chunk and group
-    maxima and the partial log-sum-exps, then per row the exact top K through the groups and
-    chunks with the largest maxima."""
+class _Launch(NamedTuple):
+    """One kernel's launch: its positional arguments, block sizes and warps."""
+
+    args: tuple
+    consts: dict
+    warps: int
+
+
+def _topk_plan(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor, _Launch, _Launch, tuple]:
+    """The vocabulary pass's outputs ``(lp, ids)``, the launches of ``vocab_stats`` and
+    ``vocab_select`` that fill them, and their grid ``(rows, n_prog)``."""
     b, n_pos, vocab = draft_logits.shape
     k = min(k, vocab)
     x = draft_logits.reshape(b * n_pos, vocab)
@@ -1304,18 +1404,31 @@ def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]
     lp = torch.empty((b, n_pos, k), dtype=torch.float32, device=dev)
     ids = torch.empty((b, n_pos, k), dtype=torch.int64, device=dev)
     scratch = torch.empty((rows, 4 * kp), dtype=torch.int64, device=dev)
+    read = (x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog)
+    stats = _Launch(read, dict(CH=ch, CPG=cpg, GPP=gpp), 8)
+    select = _Launch(
+        (*read, lp, ids, k, LOGPROB_FLOOR, scratch),
+        dict(CH=ch, CPG=cpg, GP=max(_pow2(n_groups), kp), KP=kp, PP=_pow2(n_prog), CAP=2 * kp),
+        _warps(kp * max(ch, cpg), _TUNING["select_div"]),
+    )
+    return lp, ids, stats, select, (rows, n_prog)
+
+
+def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """:func:`topk_logprobs` in two launches: one read of the logits for the chunk and group
+    maxima and the partial log-sum-exps, then per row the exact top K through the groups and
+    chunks with the largest maxima (in one launch under ``_TUNING["fuse"]``)."""
+    lp, ids, stats, select, grid = _topk_plan(draft_logits, k)
+    dev = lp.device
+    counters = _counters(dev, grid[0]) if _TUNING["fuse"] else None
     kern = _kernels()
-    kern["vocab_stats"][(rows, n_prog)](
-        x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
-        CH=ch, CPG=cpg, GPP=gpp, num_warps=8, **_pdl(dev),
-    )  # fmt: skip
-    warps = _warps(kp * max(ch, cpg), _TUNING["select_div"])
-    kern["vocab_select"][(rows,)](
-        x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
-        lp, ids, k, LOGPROB_FLOOR, scratch,
-        CH=ch, CPG=cpg, GP=max(_pow2(n_groups), kp), KP=kp, PP=_pow2(n_prog), CAP=2 * kp,
-        num_warps=warps, **_pdl(dev),
-    )  # fmt: skip
+    if counters is not None:
+        _launch_fused(stats, select, None, grid, counters, dev)
+        return lp, ids
+    kern["vocab_stats"][grid](*stats.args, **stats.consts, num_warps=stats.warps, **_pdl(dev))
+    kern["vocab_select"][grid[:1]](
+        *select.args, **select.consts, num_warps=select.warps, **_pdl(dev)
+    )
     return lp, ids
 
 
@@ -1327,16 +1440,15 @@ def _staircase_packed(budget: int, k: int, device: torch.device) -> tuple[Tensor
     return packed.to(torch.int32).to(device), real
 
 
-def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
-    """The selection, flattening and visibility of every request in one launch."""
+def _tree_plan(lp: Tensor, ids: Tensor, budget: int) -> tuple[DraftTree, _Launch]:
+    """The tree of every request (its tensors, to be filled) and the ``tree`` launch that
+    fills them from the top-K ``(lp, ids)``."""
     if budget >= 1 << 15:
         raise ValueError(f"budget {budget} too large for the Triton path (< 32768)")
     b, n_pos, k = lp.shape
     dev = lp.device
     n = budget + 1
     cand, n_cand = _staircase_packed(budget, k, dev)
-    lp = lp.contiguous()
-    ids = ids.contiguous()
     s_buf = torch.empty((b, n_pos, budget), dtype=torch.float32, device=dev)
     c_buf = torch.empty((b, n_pos, budget), dtype=torch.int32, device=dev)
     tokens = torch.empty((b, budget), dtype=torch.int64, device=dev)
@@ -1350,18 +1462,27 @@ def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
     lbp = max(bp, _pow2(n_pos * budget))
     scratch = torch.empty((b, 2 * bp), dtype=torch.int64, device=dev)
     # One request is one latency-bound program: few warps keep the sorts inside a warp.
-    warps = _warps(max(cp, lbp), _TUNING["tree_div"])
-    _kernels()["tree"][(b,)](
-        lp, ids, k, cand, n_cand, s_buf, c_buf, scratch,
-        tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8),
-        n_pos=n_pos, budget=budget, BP=bp, CP=cp, LBP=lbp, LP=_pow2(n_pos),
-        NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), BOUND=bool(_TUNING["tree_exit"]),
-        RISE=bool(_TUNING["tree_exit"] and _TUNING["tree_rise"]),
-        NARROW=bool(_TUNING["tree_exit"] and _TUNING["tree_narrow"]),
-        num_warps=warps,
-        **_pdl(dev),
+    launch = _Launch(
+        (lp.contiguous(), ids.contiguous(), k, cand, n_cand, s_buf, c_buf, scratch,
+         tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8)),
+        dict(
+            n_pos=n_pos, budget=budget, BP=bp, CP=cp, LBP=lbp, LP=_pow2(n_pos), NP=_pow2(n),
+            ZB=1024, D1=min(1, n_pos - 1), BOUND=bool(_TUNING["tree_exit"]),
+            RISE=bool(_TUNING["tree_exit"] and _TUNING["tree_rise"]),
+            NARROW=bool(_TUNING["tree_exit"] and _TUNING["tree_narrow"]),
+        ),
+        _warps(max(cp, lbp), _TUNING["tree_div"]),
     )  # fmt: skip
-    return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)
+    return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos), launch
+
+
+def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
+    """The selection, flattening and visibility of every request in one launch."""
+    tree, launch = _tree_plan(lp, ids, budget)
+    _kernels()["tree"][(lp.shape[0],)](
+        *launch.args, **launch.consts, num_warps=launch.warps, **_pdl(lp.device)
+    )
+    return tree
 
 
 def _triton_build_tree(draft_logits: Tensor, budget: int) -> DraftTree:
@@ -1369,8 +1490,65 @@ def _triton_build_tree(draft_logits: Tensor, budget: int) -> DraftTree:
         return _empty_tree(
             draft_logits.shape[0], budget, draft_logits.shape[1], draft_logits.device
         )
+    if _TUNING["fuse"] >= 2:
+        lp, ids, stats, select, grid = _topk_plan(draft_logits, budget)
+        counters = _counters(lp.device, grid[0] + lp.shape[0])
+        if counters is not None:
+            tree, launch = _tree_plan(lp, ids, budget)
+            _launch_fused(stats, select, launch, grid, counters, lp.device)
+            return tree
     lp, ids = _triton_topk_logprobs(draft_logits, budget)
     return _triton_tree_from_topk(lp, ids, budget)
+
+
+# Per device, the fused launch's counters (``_counters``), zero between launches.
+_COUNTERS: dict[torch.device, Tensor] = {}
+_COUNTERS_MIN = 1 << 16
+
+
+def _counters(device: torch.device, n: int) -> Tensor | None:
+    """``n`` counters for a fused launch on ``device``, all zero: one buffer per device,
+    made outside any CUDA graph capture on first use and kept (each fused launch leaves its
+    counters at zero again). None where that cannot be had (first use while capturing, or
+    more counters than the buffer holds): the caller launches the kernels one by one. Two
+    fused launches must not run at the same time on one device (they would share counters);
+    a round runs its launches on one stream, one after another."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        have = torch.zeros(max(n, _COUNTERS_MIN), dtype=torch.int32, device=device)
+        _COUNTERS[device] = have
+    return have
+
+
+def _launch_fused(
+    stats: _Launch, select: _Launch, tree: _Launch | None, grid: tuple, counters: Tensor,
+    dev: torch.device,
+) -> None:  # fmt: skip
+    """``vocab_fused`` over the stats' grid: select (and, given ``tree``, build the trees) in
+    the last program of each row (request). Runs with the most warps any of its parts
+    asks for."""
+    rows = grid[0]
+    row_count, req_count = counters[:rows], counters[rows:]
+    if tree is None:
+        # TREE is off: the tree's arguments are never read; any tensor stands in for them.
+        x = stats.args[0]
+        tree_args = (x, 0, x, x, x, x, x, x, x, x, x)
+        tree_consts = dict(
+            n_pos=1, budget=1, BP=2, CP=2, LBP=2, LP=1, NP=2, ZB=2, D1=0, BOUND=False,
+            RISE=False, NARROW=False,
+        )  # fmt: skip
+        warps = max(stats.warps, select.warps)
+    else:
+        tree_args = tree.args[3:]  # past lp, ids and k: the vocabulary pass's own
+        tree_consts = tree.consts
+        warps = max(stats.warps, select.warps, tree.warps)
+    _kernels()["vocab_fused"][grid](
+        *select.args, row_count, req_count, *tree_args,
+        **stats.consts, **{k: v for k, v in select.consts.items() if k not in stats.consts},
+        TREE=tree is not None, **tree_consts, num_warps=warps, **_pdl(dev),
+    )  # fmt: skip
 
 
 def _dense(*tensors: Tensor) -> list[Tensor]:

@@ -149,3 +149,71 @@ def test_triton_topk_under_other_block_geometries_under_the_interpreter():
     proc = run_interpreted(["-c", GEOM_CHECK], 600)
     assert proc.stdout.count("ok geom (") == 5, proc.stdout
     assert proc.stdout.count("ok geom refused") == 5, proc.stdout
+
+
+# The fused launch (``_TUNING["fuse"]``): 1 selects each row's top K in the last of its
+# stats programs, 2 also builds each request's tree in the last of its rows' selections.
+# The same top-K and trees as the kernels launched one by one (and, from that top-K, the
+# PyTorch path's), on
+# Zipf, branchy and deep rows and a batch whose requests differ; the launches are the fused
+# kernel's alone; the counters are all zero again after every launch.
+FUSE_CHECK = """
+import torch
+from ddtree_cli import draft_tree as dt
+from tests.unit.triton_interpret_check import gpu_bench  # and its fix of Triton 3.6
+
+kern = dt._kernels()
+launched = []
+
+
+class Spy:
+    def __init__(self, name):
+        self.name, self.kernel = name, kern[name]
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            launched.append((self.name, tuple(grid), kwargs.get("TREE")))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+for name in ("vocab_stats", "vocab_select", "vocab_fused", "tree"):
+    kern[name] = Spy(name)
+
+cpu = torch.device("cpu")
+gen = torch.Generator().manual_seed(5)
+CASES = [("zipf", (2, 4, 3001), 16), ("branchy", (1, 5, 5000), 24), ("deep", (3, 3, 2000), 8)]
+FIELDS = ("tokens", "parents", "depths", "visibility", "num_nodes", "scores")
+for kind, shape, budget in CASES:
+    x = gpu_bench.draft_logits(shape, kind, gen, cpu)
+    rows, n_prog = shape[0] * shape[1], -(-shape[2] // 4096)
+    dt._TUNING["fuse"] = 0
+    lp0, ids0 = dt.topk_logprobs(x, budget, use_triton=True)
+    want = dt.build_tree(x, budget, use_triton=True)
+    exact = dt.build_tree_from_topk(lp0, ids0, budget, use_triton=False)  # from the same top-K
+    for name in FIELDS:
+        assert torch.equal(getattr(want, name), getattr(exact, name)), (kind, name)
+    for level in (1, 2):
+        dt._TUNING["fuse"] = level
+        launched.clear()
+        lp, ids = dt.topk_logprobs(x, budget, use_triton=True)
+        assert launched == [("vocab_fused", (rows, n_prog), False)], launched
+        assert torch.equal(lp, lp0) and torch.equal(ids, ids0), (kind, level)
+        launched.clear()
+        got = dt.build_tree(x, budget, use_triton=True)
+        if level == 1:
+            assert launched == [("vocab_fused", (rows, n_prog), False), ("tree", (shape[0],), None)]
+        else:
+            assert launched == [("vocab_fused", (rows, n_prog), True)], launched
+        for name in FIELDS:
+            assert torch.equal(getattr(got, name), getattr(want, name)), (kind, level, name)
+        assert dt._COUNTERS[cpu].numel() >= rows + shape[0]
+        assert not dt._COUNTERS[cpu].any(), "a counter left non-zero"
+        print(f"ok fuse {level} {kind}")
+"""
+
+
+def test_fused_launch_gives_the_kernels_results_under_the_interpreter():
+    proc = run_interpreted(["-c", FUSE_CHECK], 600)
+    assert proc.stdout.count("ok fuse ") == 6, proc.stdout
