@@ -380,6 +380,7 @@ else:
     DRAFT_S, VERIFY_S = 0.012, 0.008  # the drafter's pass; the verify and the commit
     ROUND_S, PLAN_S = DRAFT_S + VERIFY_S, 0.2  # the plan far longer than any CPU hiccup
     PREFILL_S = 0.03
+    PREFILL_TOKENS = 24
 
     class _SlowPlan(ddtree_budget_policy.BudgetPolicy):
         def __init__(self, budgets):
@@ -458,6 +459,8 @@ else:
                 batch_size=lambda: 2,
                 seq_lens=torch.tensor([8, 8]),
                 seq_lens_cpu=torch.tensor([8, 8]),
+                # ScheduleBatch's field: the tokens an extend prefills (None when decoding)
+                extend_num_tokens=PREFILL_TOKENS if m == "extend" else None,
             )
             for m in modes
         ]
@@ -480,6 +483,7 @@ else:
         "round_s": ROUND_S,
         "plan_s": PLAN_S,
         "prefill_s": PREFILL_S,
+        "prefill_tokens": PREFILL_TOKENS,
         **auto_round_times(["decode", "extend", "decode", "decode", "decode"]),
     }
 
@@ -1799,9 +1803,12 @@ if V2:
             return f"decode round of {bs}"
 
         def batch(mode, bs, extend_in_batch=False):
+            # ScheduleBatch's extend_num_tokens: 7 a request when this rank extends, None
+            # when it decodes (also while another DP rank extends)
             return types.SimpleNamespace(
                 forward_mode=mode, is_extend_in_batch=extend_in_batch, batch_size=lambda: bs,
                 seq_lens_cpu=torch.full((bs,), 11, dtype=torch.int64),
+                extend_num_tokens=7 * bs if mode == ForwardMode.EXTEND else None,
             )  # fmt: skip
 
         rounds = [

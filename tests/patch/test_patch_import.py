@@ -444,6 +444,12 @@ def test_budget_auto_times_the_round_not_the_policy(probe):
     assert cells["33"]["gap_ms"]["max"] >= cells["33"]["prefill_ms"]["max"]
     assert cells["65"]["prefill_ms"]["max"] == 0.0
     assert cells["65"]["gap_ms"]["max"] < t["prefill_s"] * 1e3
+    # and, per gap, how many prefill rounds it held and the tokens they prefilled
+    one = {"p50": 1, "p90": 1, "mean": 1.0, "max": 1}
+    assert cells["33"]["prefills"] == one
+    assert cells["33"]["prefill_tokens"] == {k: v * t["prefill_tokens"] for k, v in one.items()}
+    none = {"p50": 0, "p90": 0, "mean": 0.0, "max": 0}
+    assert cells["65"]["prefills"] == cells["65"]["prefill_tokens"] == none
 
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)
@@ -512,8 +518,12 @@ def test_v2_round_timing_in_server_info(probe):
         # the first prefill came before any decode round (no gap to be a part of); the
         # extend on another DP rank is a part of the gap before the round of 1
         assert cell["prefill_ms"] == {"p50": 0.0, "p90": 0.0, "mean": 0.0, "max": 0.0}
+        assert cell["prefills"] == cell["prefill_tokens"] == {
+            "p50": 0, "p90": 0, "mean": 0.0, "max": 0}, name  # fmt: skip
         after = timing["buckets"]["1"]["16"]
         assert 0 < after["prefill_ms"]["max"] <= after["gap_ms"]["max"], name
+        # one prefill round in that gap, with no tokens of this rank's
+        assert after["prefills"]["max"] == 1 and after["prefill_tokens"]["max"] == 0, name
         assert rounds["build_within_forward"], name
         # The tree mask is sized from the batch's host lengths, not by reading the device's
         # back (on a GPU that read waits for the draft before the verify can be queued).
