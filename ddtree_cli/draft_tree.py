@@ -1420,7 +1420,7 @@ def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]
     chunks with the largest maxima (in one launch under ``_TUNING["fuse"]``)."""
     lp, ids, stats, select, grid = _topk_plan(draft_logits, k)
     dev = lp.device
-    counters = _counters(dev, grid[0]) if _TUNING["fuse"] else None
+    counters = _counters(dev, grid[0]) if _fuse_level() else None
     kern = _kernels()
     if counters is not None:
         _launch_fused(stats, select, None, grid, counters, dev)
@@ -1490,7 +1490,7 @@ def _triton_build_tree(draft_logits: Tensor, budget: int) -> DraftTree:
         return _empty_tree(
             draft_logits.shape[0], budget, draft_logits.shape[1], draft_logits.device
         )
-    if _TUNING["fuse"] >= 2:
+    if _fuse_level() == 2:
         lp, ids, stats, select, grid = _topk_plan(draft_logits, budget)
         counters = _counters(lp.device, grid[0] + lp.shape[0])
         if counters is not None:
@@ -1499,6 +1499,14 @@ def _triton_build_tree(draft_logits: Tensor, budget: int) -> DraftTree:
             return tree
     lp, ids = _triton_topk_logprobs(draft_logits, budget)
     return _triton_tree_from_topk(lp, ids, budget)
+
+
+def _fuse_level() -> int:
+    """``_TUNING["fuse"]``: 0 (launches one by one), 1 or 2; a ValueError otherwise."""
+    level = _TUNING["fuse"]
+    if level not in (0, 1, 2) or isinstance(level, bool):
+        raise ValueError(f"fuse must be 0, 1 or 2, got {level!r}")
+    return int(level)
 
 
 # Per device, the fused launch's counters (``_counters``), zero between launches.

@@ -211,9 +211,18 @@ for kind, shape, budget in CASES:
         assert dt._COUNTERS[cpu].numel() >= rows + shape[0]
         assert not dt._COUNTERS[cpu].any(), "a counter left non-zero"
         print(f"ok fuse {level} {kind}")
+for bad in (3, -1, True, "1"):
+    dt._TUNING["fuse"] = bad
+    try:
+        dt.topk_logprobs(x, budget, use_triton=True)
+    except ValueError as exc:
+        print(f"ok fuse refused: {exc}")
+    else:
+        raise AssertionError(f"fuse {bad!r} accepted")
 """
 
 
 def test_fused_launch_gives_the_kernels_results_under_the_interpreter():
     proc = run_interpreted(["-c", FUSE_CHECK], 600)
-    assert proc.stdout.count("ok fuse ") == 6, proc.stdout
+    assert proc.stdout.count("ok fuse ") == 10, proc.stdout
+    assert proc.stdout.count("ok fuse refused: fuse must be 0, 1 or 2") == 4, proc.stdout
