@@ -473,6 +473,7 @@ def main() -> int:
     print(f"# tuning {json.dumps(dt._TUNING)}", flush=True)
     for b in [int(x) for x in args.batches.split(",") if x]:
         for budget in [int(x) for x in args.budgets.split(",")]:
+            print(f"# batch {b}, budget {budget}: checking, then timing", flush=True)
             cell = stage_inputs(args, dev, gen, b, budget)
             logits, _, _, _, tree, roots, prefix, mask_numel, target = cell
             ref = reference_round(logits, budget, roots, prefix, target)
@@ -635,6 +636,7 @@ def tune(args, dev, gen) -> dict:
     for keys, options in choices.items():
         if wanted and not wanted & set(keys):
             continue
+        print(f"# tune {'+'.join(keys)}: checking and timing {list(options)}", flush=True)
 
         def use(opt, keys=keys):
             dt._TUNING.update(zip(keys, opt if len(keys) > 1 else (opt,), strict=True))
@@ -662,6 +664,9 @@ def tune(args, dev, gen) -> dict:
                     for cell in cells
                 ]
                 results[opt] = sum(per_cell[opt])
+                # As each setting is timed: a run cut off later keeps what it measured.
+                shown = [round(v, 1) for v in per_cell[opt]]
+                print(f"# tune {'+'.join(keys)}={opt}: µs at batch 1, 32 -> {shown}", flush=True)
             except Exception as exc:  # a configuration that fails is skipped
                 print(f"# tune {'+'.join(keys)}={opt}: {exc!r}"[:300], flush=True)
         best = min(results, key=results.get) if results else options[0]
