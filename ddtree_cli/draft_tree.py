@@ -1419,17 +1419,22 @@ def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]
     maxima and the partial log-sum-exps, then per row the exact top K through the groups and
     chunks with the largest maxima (in one launch under ``_TUNING["fuse"]``)."""
     lp, ids, stats, select, grid = _topk_plan(draft_logits, k)
-    dev = lp.device
-    counters = _counters(dev, grid[0]) if _fuse_level() else None
-    kern = _kernels()
+    _launch_topk(stats, select, grid, _counters(lp.device, grid[0]) if _fuse_level() else None)
+    return lp, ids
+
+
+def _launch_topk(stats: _Launch, select: _Launch, grid: tuple, counters: Tensor | None) -> None:
+    """The vocabulary pass of ``_topk_plan``: fused where ``counters`` are given, else its
+    two kernels one after the other."""
+    dev = stats.args[0].device
     if counters is not None:
         _launch_fused(stats, select, None, grid, counters, dev)
-        return lp, ids
+        return
+    kern = _kernels()
     kern["vocab_stats"][grid](*stats.args, **stats.consts, num_warps=stats.warps, **_pdl(dev))
     kern["vocab_select"][grid[:1]](
         *select.args, **select.consts, num_warps=select.warps, **_pdl(dev)
     )
-    return lp, ids
 
 
 @lru_cache(maxsize=64)
@@ -1490,14 +1495,14 @@ def _triton_build_tree(draft_logits: Tensor, budget: int) -> DraftTree:
         return _empty_tree(
             draft_logits.shape[0], budget, draft_logits.shape[1], draft_logits.device
         )
-    if _fuse_level() == 2:
-        lp, ids, stats, select, grid = _topk_plan(draft_logits, budget)
-        counters = _counters(lp.device, grid[0] + lp.shape[0])
-        if counters is not None:
-            tree, launch = _tree_plan(lp, ids, budget)
-            _launch_fused(stats, select, launch, grid, counters, lp.device)
-            return tree
-    lp, ids = _triton_topk_logprobs(draft_logits, budget)
+    lp, ids, stats, select, grid = _topk_plan(draft_logits, budget)
+    level = _fuse_level()
+    counters = _counters(lp.device, grid[0] + lp.shape[0]) if level else None
+    if level == 2 and counters is not None:
+        tree, launch = _tree_plan(lp, ids, budget)
+        _launch_fused(stats, select, launch, grid, counters, lp.device)
+        return tree
+    _launch_topk(stats, select, grid, counters)
     return _triton_tree_from_topk(lp, ids, budget)
 
 

@@ -71,28 +71,16 @@ def test_triton_verify_inputs_into_a_buffer_under_the_interpreter():
 GEOM_CHECK = """
 import torch
 from ddtree_cli import draft_tree as dt
-from tests.unit.triton_interpret_check import gpu_bench  # and its fix of Triton 3.6
+from tests.unit.triton_interpret_check import gpu_bench, record_launches  # and its fix of Triton 3.6
 
-kern = dt._kernels()
-launched = {}
-
-
-class Spy:
-    # Records the grid and block sizes of each launch of a kernel, then launches it.
-    def __init__(self, name):
-        self.name, self.kernel = name, kern[name]
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            sizes = {k: kwargs[k] for k in ("CH", "CPG", "GPP") if k in kwargs}
-            launched.setdefault(self.name, []).append((tuple(grid), sizes))
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
+calls = record_launches(("vocab_stats", "vocab_select"))
 
 
-for name in ("vocab_stats", "vocab_select"):
-    kern[name] = Spy(name)
+def launched(name):
+    # Each launch of kernel `name`: its grid and block sizes.
+    sizes = ("CH", "CPG", "GPP")
+    return [(grid, {k: kw[k] for k in sizes if k in kw}) for n, grid, kw in calls if n == name]
+
 
 cpu = torch.device("cpu")
 gen = torch.Generator().manual_seed(11)
@@ -117,7 +105,7 @@ for geom in GEOMS:
     for i, (name, x, k) in enumerate(CASES):
         if ch * cpg * gpp < 256 and x.shape[-1] > 4000:
             continue
-        launched.clear()
+        calls.clear()
         # The benchmark's check: log-probs within 1e-5 of the PyTorch path's, the logits at
         # the ids equal, on x and on its rounded copy (heavy ties, row 0 constant).
         *_, ids = gpu_bench.check_topk(x, k)
@@ -125,8 +113,8 @@ for geom in GEOMS:
         n_groups = -(-vocab // (ch * cpg))
         n_prog = -(-n_groups // gpp)
         sizes = dict(CH=ch, CPG=cpg, GPP=gpp)
-        assert launched["vocab_stats"] == [((rows, n_prog), sizes)] * 2, launched
-        assert launched["vocab_select"] == [((rows,), dict(CH=ch, CPG=cpg))] * 2, launched
+        assert launched("vocab_stats") == [((rows, n_prog), sizes)] * 2, calls
+        assert launched("vocab_select") == [((rows,), dict(CH=ch, CPG=cpg))] * 2, calls
         if geom == DEFAULT:
             want[i] = ids
         for got, exp in zip(ids, want[i], strict=True):
@@ -160,26 +148,14 @@ def test_triton_topk_under_other_block_geometries_under_the_interpreter():
 FUSE_CHECK = """
 import torch
 from ddtree_cli import draft_tree as dt
-from tests.unit.triton_interpret_check import gpu_bench  # and its fix of Triton 3.6
+from tests.unit.triton_interpret_check import gpu_bench, record_launches  # and its fix of Triton 3.6
 
-kern = dt._kernels()
-launched = []
-
-
-class Spy:
-    def __init__(self, name):
-        self.name, self.kernel = name, kern[name]
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            launched.append((self.name, tuple(grid), kwargs.get("TREE")))
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
+calls = record_launches(("vocab_stats", "vocab_select", "vocab_fused", "tree"))
 
 
-for name in ("vocab_stats", "vocab_select", "vocab_fused", "tree"):
-    kern[name] = Spy(name)
+def launched():
+    # Each launch: the kernel, its grid and whether it builds the trees (TREE).
+    return [(name, grid, kw.get("TREE")) for name, grid, kw in calls]
 
 cpu = torch.device("cpu")
 gen = torch.Generator().manual_seed(5)
@@ -196,16 +172,17 @@ for kind, shape, budget in CASES:
         assert torch.equal(getattr(want, name), getattr(exact, name)), (kind, name)
     for level in (1, 2):
         dt._TUNING["fuse"] = level
-        launched.clear()
+        calls.clear()
         lp, ids = dt.topk_logprobs(x, budget, use_triton=True)
-        assert launched == [("vocab_fused", (rows, n_prog), False)], launched
+        assert launched() == [("vocab_fused", (rows, n_prog), False)], launched()
         assert torch.equal(lp, lp0) and torch.equal(ids, ids0), (kind, level)
-        launched.clear()
+        calls.clear()
         got = dt.build_tree(x, budget, use_triton=True)
         if level == 1:
-            assert launched == [("vocab_fused", (rows, n_prog), False), ("tree", (shape[0],), None)]
+            want_calls = [("vocab_fused", (rows, n_prog), False), ("tree", (shape[0],), None)]
         else:
-            assert launched == [("vocab_fused", (rows, n_prog), True)], launched
+            want_calls = [("vocab_fused", (rows, n_prog), True)]
+        assert launched() == want_calls, launched()
         for name in FIELDS:
             assert torch.equal(getattr(got, name), getattr(want, name)), (kind, level, name)
         assert dt._COUNTERS[cpu].numel() >= rows + shape[0]
