@@ -1514,25 +1514,26 @@ def _fuse_level() -> int:
     return int(level)
 
 
-# Per device, the fused launch's counters (``_counters``), zero between launches.
-_COUNTERS: dict[torch.device, Tensor] = {}
+# Per device, the fused launch's counter buffers (``_counters``), zero between launches;
+# the last is the one in use. None is ever dropped: a CUDA graph captured with an earlier one
+# still counts in it.
+_COUNTERS: dict[torch.device, list[Tensor]] = {}
 _COUNTERS_MIN = 1 << 16
 
 
 def _counters(device: torch.device, n: int) -> Tensor | None:
     """``n`` counters for a fused launch on ``device``, all zero: one buffer per device,
     made outside any CUDA graph capture on first use and kept (each fused launch leaves its
-    counters at zero again). None where that cannot be had (first use while capturing, or
-    more counters than the buffer holds): the caller launches the kernels one by one. Two
-    fused launches must not run at the same time on one device (they would share counters);
-    a round runs its launches on one stream, one after another."""
-    have = _COUNTERS.get(device)
-    if have is None or have.numel() < n:
+    counters at zero again); a larger one where more are needed. None while a graph is being
+    captured and the buffer is missing or too small (the caller launches the kernels one by
+    one). Two fused launches must not run at the same time on one device (they would share
+    counters); a round runs its launches on one stream, one after another."""
+    made = _COUNTERS.setdefault(device, [])
+    if not made or made[-1].numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        have = torch.zeros(max(n, _COUNTERS_MIN), dtype=torch.int32, device=device)
-        _COUNTERS[device] = have
-    return have
+        made.append(torch.zeros(max(n, _COUNTERS_MIN), dtype=torch.int32, device=device))
+    return made[-1]
 
 
 def _launch_fused(
