@@ -71,7 +71,9 @@ def test_triton_verify_inputs_into_a_buffer_under_the_interpreter():
 GEOM_CHECK = """
 import torch
 from ddtree_cli import draft_tree as dt
-from tests.unit.triton_interpret_check import gpu_bench, record_launches  # and its fix of Triton 3.6
+from tests.unit.triton_interpret_check import (  # and its fix of Triton 3.6
+    gpu_bench, print_refusals, record_launches,
+)
 
 calls = record_launches(("vocab_stats", "vocab_select"))
 
@@ -122,14 +124,8 @@ for geom in GEOMS:
         if name == "plateau":
             assert (ids[0] == spots.sort().values[:k]).all(), (geom, ids[0])
     print(f"ok geom {geom}")
-for bad in [(32, 16, 6), (1, 16, 8), (32, 16), (32.0, 16, 8), (1024, 1024, 2)]:
-    dt._TUNING["vocab_geom"] = bad
-    try:
-        dt._triton_topk_logprobs(CASES[0][1], 16)
-    except ValueError as exc:
-        print(f"ok geom refused: {exc}")
-    else:
-        raise AssertionError(f"geometry {bad} accepted")
+BAD = [(32, 16, 6), (1, 16, 8), (32, 16), (32.0, 16, 8), (1024, 1024, 2)]
+print_refusals("geom", "vocab_geom", BAD, lambda: dt._triton_topk_logprobs(CASES[0][1], 16))
 """
 
 
@@ -148,7 +144,9 @@ def test_triton_topk_under_other_block_geometries_under_the_interpreter():
 FUSE_CHECK = """
 import torch
 from ddtree_cli import draft_tree as dt
-from tests.unit.triton_interpret_check import gpu_bench, record_launches  # and its fix of Triton 3.6
+from tests.unit.triton_interpret_check import (  # and its fix of Triton 3.6
+    gpu_bench, print_refusals, record_launches,
+)
 
 calls = record_launches(("vocab_stats", "vocab_select", "vocab_fused", "tree"))
 
@@ -196,14 +194,7 @@ assert len(made) == 2 and made[0] is first and made[1] is bigger
 assert bigger.numel() > first.numel()
 assert dt._counters(cpu, 5) is bigger and not bigger.any()
 print("ok fuse counters grow")
-for bad in (3, -1, True, "1"):
-    dt._TUNING["fuse"] = bad
-    try:
-        dt.topk_logprobs(x, budget, use_triton=True)
-    except ValueError as exc:
-        print(f"ok fuse refused: {exc}")
-    else:
-        raise AssertionError(f"fuse {bad!r} accepted")
+print_refusals("fuse", "fuse", (3, -1, True, "1"), lambda: dt.topk_logprobs(x, budget, use_triton=True))
 """
 
 

@@ -122,6 +122,19 @@ def record_launches(names) -> list:
     return launched
 
 
+def print_refusals(label: str, key: str, values, call) -> None:
+    """``call()`` with ``_TUNING[key]`` set to each of ``values``: each must raise a
+    ValueError, printed as ``ok LABEL refused: MESSAGE``."""
+    for value in values:
+        dt._TUNING[key] = value
+        try:
+            call()
+        except ValueError as exc:
+            print(f"ok {label} refused: {exc}")
+        else:
+            raise AssertionError(f"{key} {value!r} accepted")
+
+
 @contextmanager
 def allocations():
     """The tensors ``torch.empty`` makes meanwhile (the tree kernel's buffers among them)."""
