@@ -70,8 +70,14 @@ happens between rounds (the scheduler's work, prefills), and a small expected le
 wider budget proved not to be one: on an H100 (patched SGLang 0.5.13, the 8B-cost pair)
 a bucket chose 32 at the policy's 33rd round on a 5.2 % lead over 15, kept it by the
 hysteresis when the lead had shrunk to 2.6 %, and the server was 2.6 % slower than a
-budget-15 server in a ten-trial bench at that load. Every change is logged (``logging``,
-logger ``ddtree.budget``) and kept in :meth:`snapshot`.
+budget-15 server in a ten-trial bench at that load. A bucket goes back to the budget it
+left only ``min_dwell`` of its rounds after leaving it: with a wider budget's lead near the
+hysteresis the estimates cross it back and forth, and on the same H100 with this rule a
+bucket whose 32 was expected 4.4-5.6 % ahead of 15 changed its budget 13 times in 560
+rounds of the policy, twice on consecutive rounds. Other changes are not held back: while
+the calibration learns that a wide tree's values overpromise, a bucket moves 64 -> 32 ->
+15 in a few dozen rounds, and a dwell on every change would keep each step 128 rounds. Every change is logged (``logging``, logger ``ddtree.budget``) and kept in
+:meth:`snapshot`.
 
 Values of budgets above the round's are only known on rounds that build the largest tree:
 the policy asks for such a probe every ``probe_every`` rounds (and until every value is
@@ -203,6 +209,7 @@ class PolicyConfig:
     min_samples: int = 5  # timed rounds per (bucket, width) before its cost is trusted
     warmup_samples: int = 2  # first rounds per (bucket, width), run but not timed
     hysteresis: float = 0.05  # switch only to a candidate > 5 % better than the current one
+    min_dwell: int = 128  # a bucket's rounds before it may go back to the budget it left
     level_window: int = 32  # rounds at the budget in use that set the level (robust mean)
     relative_window: int = 16  # timings of a width that set its relative time (robust mean)
     value_weight: float = 0.05  # the same for a request's tree value
@@ -221,6 +228,8 @@ class PolicyConfig:
             raise ValueError("level_window and relative_window must be >= 1")
         if self.hysteresis < 0:
             raise ValueError("hysteresis must be >= 0")
+        if self.min_dwell < 1:
+            raise ValueError("min_dwell must be >= 1")
         if not 0 < self.value_weight <= 1:
             raise ValueError("value_weight must be in (0, 1]")
         if not 0 < self.calibration_decay <= 1:
@@ -310,6 +319,8 @@ class _Bucket:
 
     budget: int | None = None  # the choice in use (None while exploring)
     rounds: int = 0
+    left: int | None = None  # the budget the last change left (not the first choice's)
+    changed_at: int = 0  # ``rounds`` at that change
     since_reexplore: int = 0
     retimings: int = 0
     seen: dict[int, int] = field(default_factory=dict)  # width -> rounds run (timed or not)
@@ -651,6 +662,8 @@ class BudgetPolicy:
             return
         if best != base and current in known and known[best] <= known[current] * margin:
             return  # between wider candidates, the usual hysteresis
+        if best == state.left and state.rounds - state.changed_at < self.config.min_dwell:
+            return  # no going back within min_dwell rounds (see the module docstring)
         change = {
             "batch_bucket": key,
             "from": current,
@@ -660,7 +673,7 @@ class BudgetPolicy:
         }
         self._changes.append(change)
         self._num_changes += 1
-        state.budget = best
+        state.budget, state.left, state.changed_at = best, current, state.rounds
         log.info(
             "DDTree budget for batch bucket %d: %s -> %d (expected tok/s %s)",
             key,

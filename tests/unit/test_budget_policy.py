@@ -216,6 +216,36 @@ def test_a_lead_right_at_the_hysteresis_does_not_thrash(seed):
     assert 1 <= policy.snapshot()["budget_changes"] <= 6
 
 
+def test_a_change_holds_for_min_dwell_rounds():
+    # The H100 run after the rule above: 32 expected 4.4-5.6 % ahead of 15 at one bucket,
+    # 13 changes in 560 rounds, two of them on consecutive rounds. Here 32's lead moves
+    # between 2.5 % and 7.5 % every 40 rounds: with no dwell the bucket follows every swing
+    # (changes 32 rounds apart); with the default it goes back to the budget it left only
+    # 128 of its rounds later, and still changes when the lead does.
+    def flapping(config):
+        rng = random.Random(0)
+        cost = {16: 10.0, 33: 11.0, 65: 14.0}
+        policy = BudgetPolicy(BUDGETS, config)
+
+        def timed(bucket, width):
+            return cost[width] * 1e-3 * (1 + rng.uniform(-0.05, 0.05))
+
+        for i in range(75):
+            lead = 1.075 if i % 2 else 1.025  # 32's rate over 15's: (1 + a) / 11 over 5 / 10
+            accept = {15: 4.0, 32: 5.0 * 1.1 * lead - 1, 64: 5.0}
+            drive(policy, 4, 40, timed, accept=accept.get, value=accept.get)
+        rounds = [c["round"] for c in policy.snapshot()["recent_changes"]]
+        return rounds, [b - a for a, b in zip(rounds[1:], rounds[2:], strict=False)]
+
+    rounds, gaps = flapping(PolicyConfig(min_dwell=1))
+    assert len(rounds) >= 10 and min(gaps) < 128
+    rounds, gaps = flapping(PolicyConfig())
+    assert PolicyConfig().min_dwell == 128
+    assert len(rounds) >= 3 and min(gaps) >= 128
+    with pytest.raises(ValueError, match="min_dwell"):
+        PolicyConfig(min_dwell=0)
+
+
 def test_between_wider_budgets_the_hysteresis_still_holds():
     # 32 is chosen, far ahead of 15; then 64 leads 32 by 3 %: 32 stays; by 8 %: 64.
     accept = {15: 3.0, 32: 4.0, 64: 3.5}
