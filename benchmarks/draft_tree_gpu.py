@@ -591,7 +591,6 @@ def tune(args, dev, gen) -> dict:
         ("row_div",): (64, 32, 128),
         ("tree_rise", "tree_narrow"): ((0, 0), (1, 0), (0, 1), (1, 1)),
         ("pdl",): (0, 1),  # timed on the whole round: it acts between the kernels
-        ("fuse",): (0, 1, 2),  # the whole round too: it removes launches from it
         # (CH, CPG, GPP): the vocabulary pass's chunk width, chunks per group, groups per
         # program of its full read; each checked against the PyTorch path and against the
         # top-K ids of the geometry set before tuning, before it is timed.
@@ -608,7 +607,7 @@ def tune(args, dev, gen) -> dict:
         logits, budget, lp, ids, tree, roots, prefix, numel, target = cell
         if key in ("select_div", "vocab_geom"):
             return [lambda: dt._triton_topk_logprobs(logits, budget)]
-        if key in ("pdl", "fuse"):
+        if key == "pdl":
             return [make_round(logits, budget, roots, prefix, target, numel, True)]
         if key.startswith("tree_"):
             return [lambda: dt.build_tree_from_topk(lp, ids, budget, use_triton=True)]
@@ -625,13 +624,6 @@ def tune(args, dev, gen) -> dict:
     ids_before = []
     if not wanted or "vocab_geom" in wanted:
         ids_before = [check_topk(cell[0], cell[1])[2] for cell in cells]
-    # The round before any fusion is tried: every fused setting must give it exactly.
-    unfused = []
-    if not wanted or "fuse" in wanted:
-        fuse = dt._TUNING["fuse"]
-        dt._TUNING["fuse"] = 0
-        unfused = [make_round(c[0], c[1], c[5], c[6], c[8], c[7], True)() for c in cells]
-        dt._TUNING["fuse"] = fuse
     report = {}
     for keys, options in choices.items():
         if wanted and not wanted & set(keys):
@@ -648,12 +640,6 @@ def tune(args, dev, gen) -> dict:
                 if keys[0].startswith("tree_"):
                     for cell in cells:
                         check_tree(cell[2], cell[3], cell[1], floors=(dt._TUNING["tree_exit"],))
-                if keys[0] == "fuse":
-                    for c, want in zip(cells, unfused, strict=True):
-                        diff = round_differences(
-                            make_round(c[0], c[1], c[5], c[6], c[8], c[7], True)(), want
-                        )
-                        assert not diff, f"the fused round differs: {diff}"
                 if keys[0] == "vocab_geom":
                     for cell, want in zip(cells, ids_before, strict=True):
                         got = check_topk(cell[0], cell[1])[2]

@@ -714,11 +714,6 @@ def compaction_indices(walk: WalkResult, num_slots: int) -> CompactionIndices:
 # timed in that run (the log-probs held in registers, a counting sort) were slower on every
 # kind of row and were removed. `DDTREE_PDL=1` in a process's environment turns `pdl` on
 # from its start (a server, whose copy of this module nobody tunes), read once here.
-# `fuse` runs the round's first kernels as one launch: 1, each row's top-K selection in the
-# last of the row's stats programs to finish (no `vocab_select` launch); 2, also each
-# request's tree in the last of its rows' selections (no `tree` launch; where the tree is
-# built from the logits, `build_tree`). Exact either way (the same code runs, in another
-# program); off until timed (docs/performance.md).
 # `vocab_geom` is the vocabulary pass's block geometry (CH, CPG, GPP): chunks of CH logits,
 # groups of CPG chunks, GPP groups per program of the full read (see _vocab_geom); any
 # usable geometry gives the same top-K ids, and log-probs that differ at most by the
@@ -732,7 +727,6 @@ _TUNING: dict[str, int | tuple[int, int, int]] = {
     "tree_rise": 1,
     "tree_narrow": 1,
     "pdl": int(os.environ.get(PDL_ENV) == "1"),
-    "fuse": 0,
     "vocab_geom": (32, 16, 8),
 }
 
@@ -1179,53 +1173,6 @@ def _kernels():
             n_pos, budget, BP, CP, LBP, LP, NP, ZB, D1, BOUND, RISE, NARROW,
         )  # fmt: skip
 
-    @triton.jit
-    def vocab_fused(
-        logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
-        lp_out, ids_out, k, floor, sel_scratch, row_count, req_count,
-        cand, n_cand, s_buf, c_buf, tree_scratch, tokens, parents, depths, scores, num_nodes,
-        vis,
-        CH: tl.constexpr, CPG: tl.constexpr, GPP: tl.constexpr, GP: tl.constexpr,
-        KP: tl.constexpr, PP: tl.constexpr, CAP: tl.constexpr, TREE: tl.constexpr,
-        n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
-        LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
-        D1: tl.constexpr, BOUND: tl.constexpr, RISE: tl.constexpr, NARROW: tl.constexpr,
-        PDL: tl.constexpr,
-    ):  # fmt: skip
-        # `vocab_stats`, then `vocab_select` (and with TREE `tree`) in one launch (`_TUNING
-        # ["fuse"]`): the last of a row's stats programs to finish selects that row's top K,
-        # and (TREE) the last of a request's rows to be selected builds its tree. "Last" is
-        # counted in row_count / req_count (zero before the launch, zero again after it: the
-        # last one resets its counter). Every program's writes come before its count
-        # (barrier, then a release), and the last one reads after its count (an acquire,
-        # then a barrier), so it sees every other program's writes.
-        if PDL:
-            _tt_pdl_start()
-        row = tl.program_id(0)
-        _tt_stats(
-            row, tl.program_id(1), logits, stride, vocab, cmax, n_chunks, gmax, n_groups,
-            pmax, psum, n_prog, CH, CPG, GPP,
-        )  # fmt: skip
-        tl.debug_barrier()
-        if tl.atomic_add(row_count + row, 1, sem="acq_rel", scope="gpu") == n_prog - 1:
-            tl.debug_barrier()
-            tl.store(row_count + row, 0)
-            _tt_select_row(
-                row, logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum,
-                n_prog, lp_out, ids_out, k, floor, sel_scratch, CH, CPG, GP, KP, PP, CAP,
-            )  # fmt: skip
-            if TREE:
-                tl.debug_barrier()
-                req = row // n_pos
-                if tl.atomic_add(req_count + req, 1, sem="acq_rel", scope="gpu") == n_pos - 1:
-                    tl.debug_barrier()
-                    tl.store(req_count + req, 0)
-                    _tt_tree(
-                        req, lp_out, ids_out, k, cand, n_cand, s_buf, c_buf, tree_scratch,
-                        tokens, parents, depths, scores, num_nodes, vis,
-                        n_pos, budget, BP, CP, LBP, LP, NP, ZB, D1, BOUND, RISE, NARROW,
-                    )  # fmt: skip
-
     # `numel` (the mask's size) follows the prefix lengths. Specialised on its divisibility
     # by 16, as Triton does an integer argument by default, a round whose lengths change
     # that compiles a second variant mid-serving, which the start-up warm-up (one set of
@@ -1331,7 +1278,6 @@ def _kernels():
     return {
         "vocab_stats": vocab_stats,
         "vocab_select": vocab_select,
-        "vocab_fused": vocab_fused,
         "tree": tree,
         "verify": verify,
         "walk": walk,
@@ -1417,19 +1363,15 @@ def _topk_plan(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor, _Launch, _
 def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """:func:`topk_logprobs` in two launches: one read of the logits for the chunk and group
     maxima and the partial log-sum-exps, then per row the exact top K through the groups and
-    chunks with the largest maxima (in one launch under ``_TUNING["fuse"]``)."""
+    chunks with the largest maxima."""
     lp, ids, stats, select, grid = _topk_plan(draft_logits, k)
-    _launch_topk(stats, select, grid, _counters(lp.device, grid[0]) if _fuse_level() else None)
+    _launch_topk(stats, select, grid)
     return lp, ids
 
 
-def _launch_topk(stats: _Launch, select: _Launch, grid: tuple, counters: Tensor | None) -> None:
-    """The vocabulary pass of ``_topk_plan``: fused where ``counters`` are given, else its
-    two kernels one after the other."""
+def _launch_topk(stats: _Launch, select: _Launch, grid: tuple) -> None:
+    """The vocabulary pass of ``_topk_plan``: its two kernels one after the other."""
     dev = stats.args[0].device
-    if counters is not None:
-        _launch_fused(stats, select, None, grid, counters, dev)
-        return
     kern = _kernels()
     kern["vocab_stats"][grid](*stats.args, **stats.consts, num_warps=stats.warps, **_pdl(dev))
     kern["vocab_select"][grid[:1]](
@@ -1495,74 +1437,8 @@ def _triton_build_tree(draft_logits: Tensor, budget: int) -> DraftTree:
         return _empty_tree(
             draft_logits.shape[0], budget, draft_logits.shape[1], draft_logits.device
         )
-    lp, ids, stats, select, grid = _topk_plan(draft_logits, budget)
-    level = _fuse_level()
-    counters = _counters(lp.device, grid[0] + lp.shape[0]) if level else None
-    if level == 2 and counters is not None:
-        tree, launch = _tree_plan(lp, ids, budget)
-        _launch_fused(stats, select, launch, grid, counters, lp.device)
-        return tree
-    _launch_topk(stats, select, grid, counters)
+    lp, ids = _triton_topk_logprobs(draft_logits, budget)
     return _triton_tree_from_topk(lp, ids, budget)
-
-
-def _fuse_level() -> int:
-    """``_TUNING["fuse"]``: 0 (launches one by one), 1 or 2; a ValueError otherwise."""
-    level = _TUNING["fuse"]
-    if level not in (0, 1, 2) or isinstance(level, bool):
-        raise ValueError(f"fuse must be 0, 1 or 2, got {level!r}")
-    return int(level)
-
-
-# Per device, the fused launch's counter buffers (``_counters``), zero between launches;
-# the last is the one in use. None is ever dropped: a CUDA graph captured with an earlier one
-# still counts in it.
-_COUNTERS: dict[torch.device, list[Tensor]] = {}
-_COUNTERS_MIN = 1 << 16
-
-
-def _counters(device: torch.device, n: int) -> Tensor | None:
-    """``n`` counters for a fused launch on ``device``, all zero: one buffer per device,
-    made outside any CUDA graph capture on first use and kept (each fused launch leaves its
-    counters at zero again); a larger one where more are needed. None while a graph is being
-    captured and the buffer is missing or too small (the caller launches the kernels one by
-    one). Two fused launches must not run at the same time on one device (they would share
-    counters); a round runs its launches on one stream, one after another."""
-    made = _COUNTERS.setdefault(device, [])
-    if not made or made[-1].numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        made.append(torch.zeros(max(n, _COUNTERS_MIN), dtype=torch.int32, device=device))
-    return made[-1]
-
-
-def _launch_fused(
-    stats: _Launch, select: _Launch, tree: _Launch | None, grid: tuple, counters: Tensor,
-    dev: torch.device,
-) -> None:  # fmt: skip
-    """``vocab_fused`` over the stats' grid: select (and, given ``tree``, build the trees) in
-    the last program of each row (request). Runs with the most warps any of its parts
-    asks for."""
-    rows = grid[0]
-    row_count, req_count = counters[:rows], counters[rows:]
-    if tree is None:
-        # TREE is off: the tree's arguments are never read; any tensor stands in for them.
-        x = stats.args[0]
-        tree_args = (x, 0, x, x, x, x, x, x, x, x, x)
-        tree_consts = dict(
-            n_pos=1, budget=1, BP=2, CP=2, LBP=2, LP=1, NP=2, ZB=2, D1=0, BOUND=False,
-            RISE=False, NARROW=False,
-        )  # fmt: skip
-        warps = max(stats.warps, select.warps)
-    else:
-        tree_args = tree.args[3:]  # past lp, ids and k: the vocabulary pass's own
-        tree_consts = tree.consts
-        warps = max(stats.warps, select.warps, tree.warps)
-    _kernels()["vocab_fused"][grid](
-        *select.args, row_count, req_count, *tree_args,
-        **stats.consts, **{k: v for k, v in select.consts.items() if k not in stats.consts},
-        TREE=tree is not None, **tree_consts, num_warps=warps, **_pdl(dev),
-    )  # fmt: skip
 
 
 def _dense(*tensors: Tensor) -> list[Tensor]:
