@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from ddtree_cli.bench.analysis import compare_trials
+from ddtree_cli.budget_policy import batch_bucket
 
 # Arms under test: ``ddtree-bN`` (a fixed budget) and ``ddtree-auto`` (the budget chosen per
 # round, ``crossover.py --auto``), which sorts after every number; either with ``-graphs``
@@ -100,6 +101,8 @@ def cells(results: Path) -> list[dict]:
 
 
 WITHIN = 0.97  # the issue's goal: auto within 3 % of the best fixed budget beside it
+# The policy state crossover.py keeps after each bench, per auto arm's suffix.
+POLICY_FILES = {None: "auto-policy.json", "-graphs": "auto-graphs-policy.json"}
 
 
 def _trials(arm: dict) -> dict[int, float | None]:
@@ -127,6 +130,7 @@ def against_fixed(results: Path) -> list[dict]:
                                           name_a=arm_budget(auto), seed=seed)
                            for f in fixed]  # fmt: skip
                 best = against[0]
+                policy = policy_at(results, summary_file.parent.name, suffix, point["concurrency"])
                 out.append({
                     "bench": summary_file.parent.name, "concurrency": point["concurrency"],
                     "auto": arm_budget(auto), "best": arm_budget(fixed[0]),
@@ -136,15 +140,48 @@ def against_fixed(results: Path) -> list[dict]:
                     "others": [{"budget": arm_budget(f), "ratio": e.ratio,
                                 "ci95": e.ci95 and list(e.ci95)}
                                for f, e in zip(fixed[1:], against[1:], strict=True)],
+                    "policy": policy,
                 })  # fmt: skip
     return sorted(out, key=lambda r: (budget_order(r["auto"]), r["concurrency"], r["bench"]))
+
+
+def policy_at(results: Path, bench: str, suffix: str | None, concurrency: int) -> dict | None:
+    """The ``auto`` server's policy at the end of ``bench`` (``BENCH.auto[-graphs]-policy.json``
+    beside the bench folders), at the bench's batch bucket: the budget in use there and the
+    changes that bucket made after its first choice over the server's life so far (the state
+    keeps the last 32 changes of all buckets: ``partial`` when it has dropped some). None
+    without the file or the bucket."""
+    name = POLICY_FILES.get(suffix)
+    path = results / f"{bench}.{name}" if name else None
+    if path is None or not path.is_file():
+        return None
+    state = json.loads(path.read_text())
+    bucket = batch_bucket(concurrency)
+    if str(bucket) not in state.get("buckets", {}):
+        return None
+    kept = state.get("recent_changes", [])
+    return {
+        "bucket": bucket,
+        "budget": state["buckets"][str(bucket)]["budget"],
+        "changes": sum(c["batch_bucket"] == bucket and c["from"] is not None for c in kept),
+        "partial": state.get("budget_changes", 0) > len(kept),
+    }
+
+
+def _policy_cell(policy: dict | None) -> str:
+    if policy is None:
+        return "–"
+    n = policy["changes"]
+    more = "≥ " if policy["partial"] else ""
+    return f"{policy['budget']} ({more}{n} change{'' if n == 1 else 's'})"
 
 
 def against_fixed_table(rows: list[dict]) -> str:
     lines = [
         "| arm | bench | conc. | best fixed budget beside it | auto / best fixed (paired, 95 % CI) "
-        "| within 3 % | auto / the other fixed budgets |",
-        "|---|---|---:|---|---|---|---|",
+        "| within 3 % | auto / the other fixed budgets | auto's budget at the bench's batch "
+        "bucket at its end (changes there after the first choice) |",
+        "|---|---|---:|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = ("not measured" if r["ratio"] is None
@@ -156,7 +193,7 @@ def against_fixed_table(rows: list[dict]) -> str:
         ) or "–"  # fmt: skip
         within = "–" if r["ratio"] is None else ("yes" if r["within"] else "no")
         lines.append(f"| {r['auto']} | {r['bench']} | {r['concurrency']} | {r['best']} | {ratio} | {within} "
-                     f"| {others} |")  # fmt: skip
+                     f"| {others} | {_policy_cell(r['policy'])} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -293,3 +293,38 @@ def test_the_auto_table_is_printed_only_where_auto_ran(capsys):
     assert "against the fixed budgets beside it" in out
     assert report.main([str(RESULTS)]) == 0
     assert "against the fixed budgets" not in capsys.readouterr().out
+
+
+POLICY = REPO / "benchmarks" / "results" / "sglang_h100_2026-12-07_policy"
+
+
+def test_auto_rows_say_the_budget_in_use_and_its_changes_at_the_benchs_bucket(tmp_path):
+    """The H100 run of the block - 1 rule: read by hand from each bench's
+    A-cN.auto-graphs-policy.json, bucket 2 ran 32 and bucket 4 went between 15 and 32 13
+    times after its first choice (rounds 2803-3361); the other buckets kept their first."""
+    report = _report()
+    rows = {r["bench"]: r for r in report.against_fixed(POLICY)}
+    got = {b: (r["policy"]["bucket"], r["policy"]["budget"], r["policy"]["changes"])
+           for b, r in rows.items()}  # fmt: skip
+    assert got == {
+        "A-c1": (1, 15, 0), "A-c2": (2, 32, 0), "A-c4": (4, 15, 13),
+        "A-c8": (8, 15, 0), "A-c16": (16, 15, 0), "A-c32": (32, 15, 0),
+    }  # fmt: skip
+    assert not any(r["policy"]["partial"] for r in rows.values())
+    table = report.against_fixed_table(list(rows.values()))
+    assert (
+        "| A-c4 | 4 | 15 graphs | 0.994 (0.97–1.03), 10 trials | yes | – | 15 (13 changes) |"
+        in table
+    )
+    # Batch 3 shares bucket 4; a state that dropped changes says "at least"; no state: "–".
+    policy = json.loads((POLICY / "A-c4.auto-graphs-policy.json").read_text())
+    assert report.policy_at(POLICY, "A-c4", "-graphs", 3)["changes"] == 13
+    policy["budget_changes"] += 40
+    shutil.copytree(POLICY / "A-c4", tmp_path / "A-c4")
+    (tmp_path / "A-c4.auto-graphs-policy.json").write_text(json.dumps(policy))
+    (row,) = report.against_fixed(tmp_path)
+    assert row["policy"]["partial"] and "| 15 (≥ 13 changes) |" in report.against_fixed_table([row])
+    (tmp_path / "A-c4.auto-graphs-policy.json").unlink()
+    (row,) = report.against_fixed(tmp_path)
+    assert row["policy"] is None and report.against_fixed_table([row]).endswith("| – | – |")
+    assert report.policy_at(POLICY, "A-c4", None, 4) is None  # no eager auto in that run
