@@ -75,9 +75,9 @@ left only ``min_dwell`` of its rounds after leaving it: with a wider budget's le
 hysteresis the estimates cross it back and forth, and on the same H100 with this rule a
 bucket whose 32 was expected 4.4-5.6 % ahead of 15 changed its budget 13 times in 560
 rounds of the policy, twice on consecutive rounds. Other changes are not held back: while
-the calibration learns that a wide tree's values overpromise, a bucket moves 64 -> 32 ->
-15 in a few dozen rounds, and a dwell on every change would keep each step 128 rounds. Every change is logged (``logging``, logger ``ddtree.budget``) and kept in
-:meth:`snapshot`.
+the calibration learns that a wide tree's values overpromise, a bucket moves 64 -> 32 -> 15
+in a few dozen rounds, and a dwell on every change would hold each step 128 rounds. Every
+change is logged (``logging``, logger ``ddtree.budget``) and kept in :meth:`snapshot`.
 
 Values of budgets above the round's are only known on rounds that build the largest tree:
 the policy asks for such a probe every ``probe_every`` rounds (and until every value is
@@ -319,7 +319,7 @@ class _Bucket:
 
     budget: int | None = None  # the choice in use (None while exploring)
     rounds: int = 0
-    left: int | None = None  # the budget the last change left (not the first choice's)
+    left: int | None = None  # the budget the last change left (None: no change yet)
     changed_at: int = 0  # ``rounds`` at that change
     since_reexplore: int = 0
     retimings: int = 0
