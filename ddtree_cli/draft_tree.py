@@ -67,7 +67,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -829,12 +828,16 @@ def _kernels():
     )
 
     @triton.jit
-    def _tt_stats(
-        row, p, logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
-        CH: tl.constexpr, CPG: tl.constexpr, GPP: tl.constexpr,
+    def vocab_stats(
+        logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+        CH: tl.constexpr, CPG: tl.constexpr, GPP: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         # The one full read of the logits: the maximum of every CH-wide chunk and of every
         # group of CPG chunks, and a partial log-sum-exp per program.
+        if PDL:
+            _tt_pdl_start()
+        row = tl.program_id(0)
+        p = tl.program_id(1)
         g = p * GPP + tl.arange(0, GPP)
         c = tl.arange(0, CPG)
         offs = (g[:, None, None] * CPG + c[None, :, None]) * CH + tl.arange(0, CH)[None, None, :]
@@ -851,20 +854,6 @@ def _kernels():
         safe = tl.where(mx == float("-inf"), 0.0, mx)
         tl.store(pmax + row * n_prog + p, mx)
         tl.store(psum + row * n_prog + p, tl.sum(tl.exp(x - safe)))
-
-    globals().update(_tt_stats=_tt_stats)
-
-    @triton.jit
-    def vocab_stats(
-        logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
-        CH: tl.constexpr, CPG: tl.constexpr, GPP: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        if PDL:
-            _tt_pdl_start()
-        _tt_stats(
-            tl.program_id(0), tl.program_id(1), logits, stride, vocab, cmax, n_chunks, gmax,
-            n_groups, pmax, psum, n_prog, CH, CPG, GPP,
-        )  # fmt: skip
 
     @triton.jit
     def _tt_top_above(keys, tau, scratch, KP: tl.constexpr, CAP: tl.constexpr):
@@ -905,15 +894,18 @@ def _kernels():
     globals().update(_tt_select=_tt_select)
 
     @triton.jit
-    def _tt_select_row(
-        row, logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+    def vocab_select(
+        logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
         lp_out, ids_out, k, floor, scratch,
         CH: tl.constexpr, CPG: tl.constexpr, GP: tl.constexpr, KP: tl.constexpr,
-        PP: tl.constexpr, CAP: tl.constexpr,
+        PP: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         # Exact top KP of a row in three narrowing steps. The KP blocks with the largest
         # maxima hold KP elements >= the KP-th largest maximum and every element above it, so
         # the top KP of their union has the row's top-KP values. Groups -> chunks -> logits.
+        if PDL:
+            _tt_pdl_start()
+        row = tl.program_id(0)
         pp = tl.arange(0, PP)
         pm = tl.load(pmax + row * n_prog + pp, mask=pp < n_prog, other=float("-inf"))
         ps = tl.load(psum + row * n_prog + pp, mask=pp < n_prog, other=0.0)
@@ -942,30 +934,18 @@ def _kernels():
         tl.store(lp_out + row * k + kk, lp, mask=km)
         tl.store(ids_out + row * k + kk, _tt_index(top), mask=km)
 
-    globals().update(_tt_select_row=_tt_select_row)
-
     @triton.jit
-    def vocab_select(
-        logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
-        lp_out, ids_out, k, floor, scratch,
-        CH: tl.constexpr, CPG: tl.constexpr, GP: tl.constexpr, KP: tl.constexpr,
-        PP: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        if PDL:
-            _tt_pdl_start()
-        _tt_select_row(
-            tl.program_id(0), logits, stride, vocab, cmax, n_chunks, gmax, n_groups, pmax,
-            psum, n_prog, lp_out, ids_out, k, floor, scratch, CH, CPG, GP, KP, PP, CAP,
-        )  # fmt: skip
-
-    @triton.jit
-    def _tt_tree(
-        req, lp, ids, k, cand, n_cand, s_buf, c_buf, scratch,
+    def tree(
+        lp, ids, k, cand, n_cand, s_buf, c_buf, scratch,
         tokens, parents, depths, scores, num_nodes, vis,
         n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
         LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
         D1: tl.constexpr, BOUND: tl.constexpr, RISE: tl.constexpr, NARROW: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
+        if PDL:
+            _tt_pdl_start()
+        req = tl.program_id(0)
         n: tl.constexpr = budget + 1
         # Zero this request's visibility block first; the stores drain during the selection.
         vis_r = vis + req.to(tl.int64) * (n * n)
@@ -1154,25 +1134,6 @@ def _kernels():
             tl.store(row_ptr + anc, ones, mask=colm)
             anc = tl.gather(up, anc, 0)
 
-    globals().update(_tt_tree=_tt_tree)
-
-    @triton.jit
-    def tree(
-        lp, ids, k, cand, n_cand, s_buf, c_buf, scratch,
-        tokens, parents, depths, scores, num_nodes, vis,
-        n_pos: tl.constexpr, budget: tl.constexpr, BP: tl.constexpr, CP: tl.constexpr,
-        LBP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, ZB: tl.constexpr,
-        D1: tl.constexpr, BOUND: tl.constexpr, RISE: tl.constexpr, NARROW: tl.constexpr,
-        PDL: tl.constexpr,
-    ):  # fmt: skip
-        if PDL:
-            _tt_pdl_start()
-        _tt_tree(
-            tl.program_id(0), lp, ids, k, cand, n_cand, s_buf, c_buf, scratch,
-            tokens, parents, depths, scores, num_nodes, vis,
-            n_pos, budget, BP, CP, LBP, LP, NP, ZB, D1, BOUND, RISE, NARROW,
-        )  # fmt: skip
-
     # `numel` (the mask's size) follows the prefix lengths. Specialised on its divisibility
     # by 16, as Triton does an integer argument by default, a round whose lengths change
     # that compiles a second variant mid-serving, which the start-up warm-up (one set of
@@ -1318,17 +1279,10 @@ def _vocab_geom() -> tuple[int, int, int]:
     return ch, cpg, gpp
 
 
-class _Launch(NamedTuple):
-    """One kernel's launch: its positional arguments, block sizes and warps."""
-
-    args: tuple
-    consts: dict
-    warps: int
-
-
-def _topk_plan(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor, _Launch, _Launch, tuple]:
-    """The vocabulary pass's outputs ``(lp, ids)``, the launches of ``vocab_stats`` and
-    ``vocab_select`` that fill them, and their grid ``(rows, n_prog)``."""
+def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """:func:`topk_logprobs` in two launches: one read of the logits for the chunk and group
+    maxima and the partial log-sum-exps, then per row the exact top K through the groups and
+    chunks with the largest maxima."""
     b, n_pos, vocab = draft_logits.shape
     k = min(k, vocab)
     x = draft_logits.reshape(b * n_pos, vocab)
@@ -1350,33 +1304,19 @@ def _topk_plan(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor, _Launch, _
     lp = torch.empty((b, n_pos, k), dtype=torch.float32, device=dev)
     ids = torch.empty((b, n_pos, k), dtype=torch.int64, device=dev)
     scratch = torch.empty((rows, 4 * kp), dtype=torch.int64, device=dev)
-    read = (x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog)
-    stats = _Launch(read, dict(CH=ch, CPG=cpg, GPP=gpp), 8)
-    select = _Launch(
-        (*read, lp, ids, k, LOGPROB_FLOOR, scratch),
-        dict(CH=ch, CPG=cpg, GP=max(_pow2(n_groups), kp), KP=kp, PP=_pow2(n_prog), CAP=2 * kp),
-        _warps(kp * max(ch, cpg), _TUNING["select_div"]),
-    )
-    return lp, ids, stats, select, (rows, n_prog)
-
-
-def _triton_topk_logprobs(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """:func:`topk_logprobs` in two launches: one read of the logits for the chunk and group
-    maxima and the partial log-sum-exps, then per row the exact top K through the groups and
-    chunks with the largest maxima."""
-    lp, ids, stats, select, grid = _topk_plan(draft_logits, k)
-    _launch_topk(stats, select, grid)
-    return lp, ids
-
-
-def _launch_topk(stats: _Launch, select: _Launch, grid: tuple) -> None:
-    """The vocabulary pass of ``_topk_plan``: its two kernels one after the other."""
-    dev = stats.args[0].device
     kern = _kernels()
-    kern["vocab_stats"][grid](*stats.args, **stats.consts, num_warps=stats.warps, **_pdl(dev))
-    kern["vocab_select"][grid[:1]](
-        *select.args, **select.consts, num_warps=select.warps, **_pdl(dev)
-    )
+    kern["vocab_stats"][(rows, n_prog)](
+        x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+        CH=ch, CPG=cpg, GPP=gpp, num_warps=8, **_pdl(dev),
+    )  # fmt: skip
+    warps = _warps(kp * max(ch, cpg), _TUNING["select_div"])
+    kern["vocab_select"][(rows,)](
+        x, x.stride(0), vocab, cmax, n_chunks, gmax, n_groups, pmax, psum, n_prog,
+        lp, ids, k, LOGPROB_FLOOR, scratch,
+        CH=ch, CPG=cpg, GP=max(_pow2(n_groups), kp), KP=kp, PP=_pow2(n_prog), CAP=2 * kp,
+        num_warps=warps, **_pdl(dev),
+    )  # fmt: skip
+    return lp, ids
 
 
 @lru_cache(maxsize=64)
@@ -1387,15 +1327,16 @@ def _staircase_packed(budget: int, k: int, device: torch.device) -> tuple[Tensor
     return packed.to(torch.int32).to(device), real
 
 
-def _tree_plan(lp: Tensor, ids: Tensor, budget: int) -> tuple[DraftTree, _Launch]:
-    """The tree of every request (its tensors, to be filled) and the ``tree`` launch that
-    fills them from the top-K ``(lp, ids)``."""
+def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
+    """The selection, flattening and visibility of every request in one launch."""
     if budget >= 1 << 15:
         raise ValueError(f"budget {budget} too large for the Triton path (< 32768)")
     b, n_pos, k = lp.shape
     dev = lp.device
     n = budget + 1
     cand, n_cand = _staircase_packed(budget, k, dev)
+    lp = lp.contiguous()
+    ids = ids.contiguous()
     s_buf = torch.empty((b, n_pos, budget), dtype=torch.float32, device=dev)
     c_buf = torch.empty((b, n_pos, budget), dtype=torch.int32, device=dev)
     tokens = torch.empty((b, budget), dtype=torch.int64, device=dev)
@@ -1409,27 +1350,18 @@ def _tree_plan(lp: Tensor, ids: Tensor, budget: int) -> tuple[DraftTree, _Launch
     lbp = max(bp, _pow2(n_pos * budget))
     scratch = torch.empty((b, 2 * bp), dtype=torch.int64, device=dev)
     # One request is one latency-bound program: few warps keep the sorts inside a warp.
-    launch = _Launch(
-        (lp.contiguous(), ids.contiguous(), k, cand, n_cand, s_buf, c_buf, scratch,
-         tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8)),
-        dict(
-            n_pos=n_pos, budget=budget, BP=bp, CP=cp, LBP=lbp, LP=_pow2(n_pos), NP=_pow2(n),
-            ZB=1024, D1=min(1, n_pos - 1), BOUND=bool(_TUNING["tree_exit"]),
-            RISE=bool(_TUNING["tree_exit"] and _TUNING["tree_rise"]),
-            NARROW=bool(_TUNING["tree_exit"] and _TUNING["tree_narrow"]),
-        ),
-        _warps(max(cp, lbp), _TUNING["tree_div"]),
+    warps = _warps(max(cp, lbp), _TUNING["tree_div"])
+    _kernels()["tree"][(b,)](
+        lp, ids, k, cand, n_cand, s_buf, c_buf, scratch,
+        tokens, parents, depths, scores, num_nodes, vis.view(torch.uint8),
+        n_pos=n_pos, budget=budget, BP=bp, CP=cp, LBP=lbp, LP=_pow2(n_pos),
+        NP=_pow2(n), ZB=1024, D1=min(1, n_pos - 1), BOUND=bool(_TUNING["tree_exit"]),
+        RISE=bool(_TUNING["tree_exit"] and _TUNING["tree_rise"]),
+        NARROW=bool(_TUNING["tree_exit"] and _TUNING["tree_narrow"]),
+        num_warps=warps,
+        **_pdl(dev),
     )  # fmt: skip
-    return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos), launch
-
-
-def _triton_tree_from_topk(lp: Tensor, ids: Tensor, budget: int) -> DraftTree:
-    """The selection, flattening and visibility of every request in one launch."""
-    tree, launch = _tree_plan(lp, ids, budget)
-    _kernels()["tree"][(lp.shape[0],)](
-        *launch.args, **launch.consts, num_warps=launch.warps, **_pdl(lp.device)
-    )
-    return tree
+    return DraftTree(tokens, parents, depths, vis, num_nodes, scores, n_pos)
 
 
 def _triton_build_tree(draft_logits: Tensor, budget: int) -> DraftTree:

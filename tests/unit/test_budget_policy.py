@@ -216,7 +216,7 @@ def test_a_lead_right_at_the_hysteresis_does_not_thrash(seed):
     assert 1 <= policy.snapshot()["budget_changes"] <= 6
 
 
-def test_a_change_holds_for_min_dwell_rounds():
+def test_going_back_to_the_budget_just_left_waits_min_dwell_rounds():
     # The H100 run after the rule above: 32 expected 4.4-5.6 % ahead of 15 at one bucket,
     # 13 changes in 560 rounds, two of them on consecutive rounds. Here 32's lead moves
     # between 2.5 % and 7.5 % every 40 rounds: with no dwell the bucket follows every swing

@@ -100,41 +100,6 @@ def note_regimes(lp: torch.Tensor, budget: int, buffers: tuple | None = None) ->
         TAKEN.add(("final", t.final))
 
 
-def record_launches(names) -> list:
-    """From now on every launch of the kernels ``names`` (of ``draft_tree._kernels()``) is
-    appended to the returned list as ``(name, grid, keyword arguments)``, then run."""
-    kern = dt._kernels()
-    launched: list = []
-
-    def spy(name, kernel):
-        class Spy:
-            def __getitem__(self, grid):
-                def launch(*args, **kwargs):
-                    launched.append((name, tuple(grid), kwargs))
-                    return kernel[grid](*args, **kwargs)
-
-                return launch
-
-        return Spy()
-
-    for name in names:
-        kern[name] = spy(name, kern[name])
-    return launched
-
-
-def print_refusals(label: str, key: str, values, call) -> None:
-    """``call()`` with ``_TUNING[key]`` set to each of ``values``: each must raise a
-    ValueError, printed as ``ok LABEL refused: MESSAGE``."""
-    for value in values:
-        dt._TUNING[key] = value
-        try:
-            call()
-        except ValueError as exc:
-            print(f"ok {label} refused: {exc}")
-        else:
-            raise AssertionError(f"{key} {value!r} accepted")
-
-
 @contextmanager
 def allocations():
     """The tensors ``torch.empty`` makes meanwhile (the tree kernel's buffers among them)."""
