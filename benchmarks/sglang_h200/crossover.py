@@ -408,9 +408,7 @@ def crossover(v: run.Validation) -> int:
             run.start_servers(v, {**phase_a, **small}, pool_wait=run.pool_wait(c["sglang"]))
             if not healthy_but_optional(v, phase_a, small):
                 return v.finish("incomplete: servers still starting (left running)", 3, todo)
-            started = v.progress["started"]
-            v.record(step, after_s={n: round(time.time() - started[n], 1)
-                                    for n in {**phase_a, **small}})  # fmt: skip
+            v.record(step, after_s=run.start_ages(v, {**phase_a, **small}))
         elif step == "agree":
             v.record(step, summary=agree_step(v))
             stop(v, small)
@@ -616,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
     v = run.Validation(args, folder=args.map, estimates=ESTIMATES)
     try:
         return crossover(v)
+    except run.ServerMismatch as exc:  # raised before any server is started
+        return v.finish(f"refused: {exc}", 2)
     except Exception as exc:  # whatever broke, the results so far still go back
         import traceback
 

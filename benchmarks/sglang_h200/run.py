@@ -973,14 +973,36 @@ class ServerExited(RuntimeError):
     """A server started by this run is gone; the message names its log's end."""
 
 
+class ServerMismatch(RuntimeError):
+    """A server of that name runs with another command line (another map's or run's)."""
+
+
+def running_command(state: Path, name: str) -> str | None:
+    """The command line a running server was started with (its log's first line)."""
+    log = state / "logs" / f"{name}.log"
+    if not log.is_file():
+        return None
+    with log.open() as f:
+        first = f.readline().rstrip("\n")
+    return first[2:] if first.startswith("$ ") else None
+
+
 def start_servers(v: Validation, servers: dict, pool_wait: float | None = None) -> None:
     """Start every server of ``servers`` (name -> (port, command)) not already running (its
     pid file names it), each after the one before has allocated its KV pool when
     ``pool_wait`` (at most that many seconds). A server started in an earlier call that is
-    gone raises ServerExited."""
+    gone raises ServerExited; one running with another command line (started for another
+    map or run) raises ServerMismatch, before anything is started."""
+    running = [n for n in servers if (pid := v.state / f"{n}.pid").is_file()
+               and alive(int(pid.read_text()))]  # fmt: skip
+    for name in running:
+        if running_command(v.state, name) != " ".join(servers[name][1]):
+            raise ServerMismatch(
+                f"{name} is already running with another command line (another map's or "
+                f"run's server): stop it first (run.py stop {name}, or stop all)"
+            )
     for name, (port, cmd) in servers.items():
-        pidfile = v.state / f"{name}.pid"
-        if pidfile.is_file() and alive(int(pidfile.read_text())):
+        if name in running:
             continue
         if name in v.progress["started"]:
             raise ServerExited(exited(v.state, name))
@@ -1002,6 +1024,13 @@ def servers_healthy(v: Validation, servers: dict, margin: float) -> bool:
             return False
         time.sleep(2)
     return True
+
+
+def start_ages(v: Validation, names) -> dict:
+    """Seconds since each server was started by this run, or a note for one it found running."""
+    started = v.progress["started"]
+    return {n: round(time.time() - started[n], 1) if n in started else "running before"
+            for n in names}  # fmt: skip
 
 
 def cmd_validate(args) -> int:
@@ -1051,6 +1080,8 @@ def validate(v: Validation) -> int:
         # Each server once the one before has allocated its KV pool (graph capture and warmup
         # still overlap), whatever the release: pool_wait says why 0.5.14 and later need it.
         start_servers(v, servers, pool_wait=300.0)
+    except ServerMismatch as exc:
+        return v.finish(f"refused: {exc}", 2)
     except ServerExited as exc:
         return v.finish(str(exc), 1)
     # While the servers start: each refused launch exits during argument handling.
@@ -1067,8 +1098,7 @@ def validate(v: Validation) -> int:
     except ServerExited as exc:
         return v.finish(str(exc), 1)
     if not v.done("healthy"):
-        started = v.progress["started"]
-        v.record("healthy", after_s={n: round(time.time() - started[n], 1) for n in servers})
+        v.record("healthy", after_s=start_ages(v, servers))
     spec = {n: port for n, (port, _) in servers.items() if n != "plain"}
     todo = [s for s in plan_steps(args, c) if not v.done(s)]
     if c.get("patched", True) and not v.done("refusals"):

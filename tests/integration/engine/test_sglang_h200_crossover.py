@@ -261,5 +261,29 @@ def test_a_graph_server_that_fails_its_start_leaves_the_map_going(tmp_path, monk
         # Called again, the failed server is not started again, nor does it end the map.
         proc = _run(tmp_path, *flags)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        # Another map on the servers still running: those it would start with the same
+        # command line it uses as they are (their start predates it) ...
+        pids = {p.stem: p.read_text() for p in state.glob("*.pid")}
+        assert set(pids) >= {"dflash", "ddtree-n4"}, pids
+        other, at = list(flags), flags.index("--map") + 1
+        other[at] = "again"
+        proc = _run(tmp_path, *other)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        progress = json.loads((state / "again" / "progress.json").read_text())
+        ages = progress["done"]["servers-a"]["after_s"]
+        assert ages["dflash"] == ages["ddtree-n4"] == "running before", ages
+        assert {n: (state / f"{n}.pid").read_text() for n in ("dflash", "ddtree-n4")} == {
+            n: pids[n] for n in ("dflash", "ddtree-n4")}  # fmt: skip
+        # ... and one whose servers would run with other flags is refused in one line,
+        # starting and stopping nothing.
+        other = [*other, "--max-total-tokens", "9000"]
+        other[at] = "bigger"
+        pids = {p.stem: p.read_text() for p in state.glob("*.pid")}
+        proc = _run(tmp_path, *other)
+        status = json.loads((out / "status.json").read_text())
+        assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert status["status"].startswith("refused: dflash is already running with another ")
+        assert "\n" not in status["status"]
+        assert {p.stem: p.read_text() for p in state.glob("*.pid")} == pids
     finally:
         load_script("run").main(["--state", str(state), "stop", "all"])
