@@ -152,8 +152,7 @@ def policy_at(results: Path, bench: str, suffix: str | None, concurrency: int) -
     keeps the last 32 changes of all buckets: ``partial`` when it has dropped some). None
     without the file or the bucket."""
     name = POLICY_FILES.get(suffix)
-    path = results / f"{bench}.{name}"
-    if name is None or not path.is_file():
+    if name is None or not (path := results / f"{bench}.{name}").is_file():
         return None
     state = json.loads(path.read_text())
     bucket = batch_bucket(concurrency)

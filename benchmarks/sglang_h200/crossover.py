@@ -291,8 +291,7 @@ def healthy_but_optional(v: run.Validation, phase_a: dict, small: dict) -> bool:
         try:
             return run.servers_healthy(v, {**phase_a, **small}, margin=20)
         except run.ServerExited as exc:
-            gone = [n for n in phase_a if may_fail(n)
-                    and not run.alive(int((v.state / f"{n}.pid").read_text()))]  # fmt: skip
+            gone = [n for n in phase_a if may_fail(n) and not run.server_alive(v.state, n)]
             if not gone:
                 raise
             for name in gone:

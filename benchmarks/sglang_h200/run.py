@@ -332,6 +332,9 @@ def generate(port: int, input_ids: list, max_new: int, **extra) -> dict | list:
     return out
 
 
+_CMD_MARK = "$ "  # a server log's first line: this, then the command line it was started with
+
+
 def start_server(state: Path, name: str, cmd: list[str],
                  log_name: str | None = None) -> tuple[subprocess.Popen, Path]:  # fmt: skip
     """Start ``cmd`` in its own session (it outlives this call), logging to
@@ -340,7 +343,7 @@ def start_server(state: Path, name: str, cmd: list[str],
     logs.mkdir(exist_ok=True)
     log = logs / f"{log_name or name}.log"
     with log.open("w") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
+        f.write(_CMD_MARK + " ".join(cmd) + "\n")
         f.flush()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=server_env(state),
                                 start_new_session=True)  # fmt: skip
@@ -978,13 +981,19 @@ class ServerMismatch(RuntimeError):
 
 
 def running_command(state: Path, name: str) -> str | None:
-    """The command line a running server was started with (its log's first line)."""
+    """The command line a server was started with by ``start_server`` (its log's first line)."""
     log = state / "logs" / f"{name}.log"
     if not log.is_file():
         return None
     with log.open() as f:
         first = f.readline().rstrip("\n")
-    return first[2:] if first.startswith("$ ") else None
+    return first.removeprefix(_CMD_MARK) if first.startswith(_CMD_MARK) else None
+
+
+def server_alive(state: Path, name: str) -> bool:
+    """Whether the server ``name`` started (its pid file) is still running."""
+    pidfile = state / f"{name}.pid"
+    return pidfile.is_file() and alive(int(pidfile.read_text()))
 
 
 def start_servers(v: Validation, servers: dict, pool_wait: float | None = None) -> None:
@@ -993,8 +1002,7 @@ def start_servers(v: Validation, servers: dict, pool_wait: float | None = None) 
     ``pool_wait`` (at most that many seconds). A server started in an earlier call that is
     gone raises ServerExited; one running with another command line (started for another
     map or run) raises ServerMismatch, before anything is started."""
-    running = [n for n in servers if (pid := v.state / f"{n}.pid").is_file()
-               and alive(int(pid.read_text()))]  # fmt: skip
+    running = [n for n in servers if server_alive(v.state, n)]
     for name in running:
         if running_command(v.state, name) != " ".join(servers[name][1]):
             raise ServerMismatch(
@@ -1018,7 +1026,7 @@ def servers_healthy(v: Validation, servers: dict, margin: float) -> bool:
     are left (False); a server that exits raises ServerExited."""
     while not all(healthy(port) for port, _ in servers.values()):
         for name in servers:
-            if not alive(int((v.state / f"{name}.pid").read_text())):
+            if not server_alive(v.state, name):
                 raise ServerExited(exited(v.state, name))
         if v.left() < margin:
             return False
