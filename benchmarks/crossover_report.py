@@ -196,24 +196,33 @@ def against_fixed_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _requests(results: Path) -> dict[str, list[dict]]:
+    """Per bench folder, its answered requests with outputs (``requests.jsonl``, or
+    ``requests.jsonl.gz`` as the stored results keep it)."""
+    found = {f.parent: f for f in results.glob("*/requests.jsonl.gz")}
+    found.update({f.parent: f for f in results.glob("*/requests.jsonl")})
+    out = {}
+    for requests in sorted(found.values()):
+        text = (gzip.decompress(requests.read_bytes()).decode() if requests.suffix == ".gz"
+                else requests.read_text())  # fmt: skip
+        rows = [json.loads(line) for line in text.splitlines()]
+        out[requests.parent.name] = [
+            r for r in rows if r.get("ok") and r.get("output_ids") is not None
+        ]
+    return out
+
+
 def agreement(results: Path) -> list[dict]:
-    """Output agreement per bench folder (``requests.jsonl``, or ``requests.jsonl.gz`` as the
-    stored results keep it), greedy outputs compared token
+    """Output agreement per bench folder, greedy outputs compared token
     for token: for every two arms, the requests of one prompt and trial whose outputs are
     equal; for every arm, the prompts whose output was the same in all its trials (two
     servers can differ where one server's own trials do: at high concurrency a batch's
     makeup follows timing, and a bf16 near-tie follows the batch)."""
     out = []
-    found = {f.parent: f for f in results.glob("*/requests.jsonl.gz")}
-    found.update({f.parent: f for f in results.glob("*/requests.jsonl")})
-    for requests in sorted(found.values()):
-        text = (gzip.decompress(requests.read_bytes()).decode() if requests.suffix == ".gz"
-                else requests.read_text())  # fmt: skip
+    for bench, rows in _requests(results).items():
         outputs: dict[str, dict] = {}
-        for line in text.splitlines():
-            r = json.loads(line)
-            if r.get("ok") and r.get("output_ids") is not None:
-                outputs.setdefault(r["arm"], {})[(r["prompt_id"], r["trial"])] = r["output_ids"]
+        for r in rows:
+            outputs.setdefault(r["arm"], {})[(r["prompt_id"], r["trial"])] = r["output_ids"]
         arms = sorted(outputs, key=lambda a: (a != "dflash", a))
         for i, a in enumerate(arms):
             prompts: dict[str, set] = {}
@@ -221,7 +230,7 @@ def agreement(results: Path) -> list[dict]:
                 prompts.setdefault(prompt, set()).add(tuple(ids))
             out.append(
                 {
-                    "bench": requests.parent.name,
+                    "bench": bench,
                     "arms": [a],
                     "same": sum(len(v) == 1 for v in prompts.values()),
                     "of": len(prompts),
@@ -231,9 +240,66 @@ def agreement(results: Path) -> list[dict]:
             for b in arms[i + 1 :]:
                 both = outputs[a].keys() & outputs[b].keys()
                 same = sum(outputs[a][k] == outputs[b][k] for k in both)
-                out.append({"bench": requests.parent.name, "arms": [a, b], "same": same,
+                out.append({"bench": bench, "arms": [a, b], "same": same,
                             "of": len(both), "unit": "requests"})  # fmt: skip
     return out
+
+
+def same_text(results: Path) -> list[dict]:
+    """At concurrency 1, where a request's time is its own: every ``auto`` arm against each
+    fixed budget with its suffix, output tok/s (tokens over end-to-end time, summed) on the
+    prompts for which both arms wrote one and the same text in every trial, and where they
+    did not, each arm's verify rounds per request. Two greedy servers can write different
+    texts from a bf16 near-tie, from the first token on (the prefill's) where the budget
+    plays no part; a degenerate text (a prompt that repeats itself) takes half the rounds of
+    another, so one prompt can move a bench's ratio by several per cent."""
+    out = []
+    for bench, rows in _requests(results).items():
+        by: dict[str, dict[str, list[dict]]] = {}
+        for r in rows:
+            if r.get("concurrency") == 1 and ARM.match(r["arm"]):
+                by.setdefault(r["arm"], {}).setdefault(r["prompt_id"], []).append(r)
+        parsed = {a: ARM.match(a).groups() for a in by}
+        for auto, (_, is_auto, suffix) in sorted(parsed.items()):
+            if not is_auto:
+                continue
+            for fixed in sorted(a for a, (n, _, s) in parsed.items() if n and s == suffix):
+                a, f = by[auto], by[fixed]
+                common = sorted(a.keys() & f.keys())
+                same = [p for p in common
+                        if len({tuple(r["output_ids"]) for r in a[p] + f[p]}) == 1]  # fmt: skip
+
+                def tok_s(arm, prompts):
+                    reqs = [r for p in prompts for r in arm[p]]
+                    ms = sum(r["e2e_ms"] for r in reqs)
+                    return sum(r["completion_tokens"] for r in reqs) / ms if ms else None
+
+                mine, theirs = tok_s(a, same), tok_s(f, same)
+                out.append({
+                    "bench": bench, "auto": arm_budget(auto), "fixed": arm_budget(fixed),
+                    "ratio": mine / theirs if mine and theirs else None,
+                    "same": len(same), "of": len(common),
+                    "differ": [{"prompt": p,
+                                "rounds": [sum(r["spec_verify_ct"] for r in arm[p]) / len(arm[p])
+                                           for arm in (a, f)]}
+                               for p in common if p not in same],
+                })  # fmt: skip
+    return out
+
+
+def same_text_table(rows: list[dict]) -> str:
+    lines = [
+        "| arm | bench | fixed budget | auto / fixed on the same texts (tok/s) | prompts with "
+        "the same text | where the texts differ: verify rounds per request, auto / fixed |",
+        "|---|---|---|---|---:|---|",
+    ]
+    for r in rows:
+        ratio = "–" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        differ = "; ".join(f"{d['prompt']}: {d['rounds'][0]:.1f} / {d['rounds'][1]:.1f}"
+                           for d in r["differ"]) or "–"  # fmt: skip
+        lines.append(f"| {r['auto']} | {r['bench']} | {r['fixed']} | {ratio} "
+                     f"| {r['same']} of {r['of']} | {differ} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def agreement_table(rows: list[dict]) -> str:
@@ -332,6 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     if same:
         print("\nOutputs compared token for token (greedy):\n")
         print(agreement_table(same))
+    texts = same_text(args.results)
+    if texts:
+        print(
+            "\n`auto` against each fixed budget at concurrency 1 on the prompts both wrote "
+            "the same text for (a different text, such as one that repeats itself, takes "
+            "another number of rounds):\n"
+        )
+        print(same_text_table(texts))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     if args.png:

@@ -289,8 +289,10 @@ def test_the_auto_table_is_printed_only_where_auto_ran(capsys):
     report = _report()
     assert report.main([str(MAP_0513)]) == 0
     out = capsys.readouterr().out
-    assert out.count("| auto graphs | A-c") == 6  # auto's table names the bench of each row
-    assert "against the fixed budgets beside it" in out
+    against, _, texts = out.partition("on the prompts both wrote the same text")
+    assert against.count("| auto graphs | A-c") == 6  # auto's table names each row's bench
+    assert "against the fixed budgets beside it" in against
+    assert texts.count("| auto graphs | A-c1 |") == 1  # the same texts: at concurrency 1
     assert report.main([str(RESULTS)]) == 0
     assert "against the fixed budgets" not in capsys.readouterr().out
 
@@ -328,3 +330,37 @@ def test_auto_rows_say_the_budget_in_use_and_its_changes_at_the_benchs_bucket(tm
     (row,) = report.against_fixed(tmp_path)
     assert row["policy"] is None and report.against_fixed_table([row]).endswith("| – | – |")
     assert report.policy_at(POLICY, "A-c4", None, 4) is None  # no eager auto in that run
+
+
+def test_auto_against_fixed_on_the_prompts_both_wrote_the_same_text_for(tmp_path):
+    """A real bench at concurrency 1 (H100, patched SGLang 0.5.13, the 8B-cost pair,
+    benchmarks/results/sglang_h100_2026-12-07_b32_set2/A-c1): the auto server wrote another
+    text for one prompt from its first token on (the prefill's), which took 23 verify rounds
+    where budget 32's took 12. On the other prompts the ratio is computed from the requests
+    themselves; one request changed moves its prompt to the differing ones."""
+    report = _report()
+    folder = REPO / "benchmarks" / "results" / "sglang_h100_2026-12-07_b32_set2"
+    (row,) = report.same_text(folder)
+    assert (row["auto"], row["fixed"]) == ("auto graphs", "32 graphs")
+    assert [d["prompt"] for d in row["differ"]] == ["p0004", "p0006"]
+    assert (row["same"], row["of"]) == (6, 8)
+    p4 = row["differ"][0]["rounds"]
+    assert p4[0] > 1.8 * p4[1]
+    requests = [json.loads(x) for x in gzip.decompress(
+        (folder / "A-c1" / "requests.jsonl.gz").read_bytes()).decode().splitlines()]  # fmt: skip
+
+    def tok_s(arm):
+        reqs = [r for r in requests if r["arm"] == arm and r["prompt_id"] not in ("p0004", "p0006")]
+        return sum(r["completion_tokens"] for r in reqs) / sum(r["e2e_ms"] for r in reqs)
+
+    assert row["ratio"] == pytest.approx(tok_s("ddtree-auto-graphs") / tok_s("ddtree-b32-graphs"))
+    copy = tmp_path / "A-c1"
+    copy.mkdir()
+    for r in requests:
+        if (r["arm"], r["prompt_id"], r["trial"]) == ("ddtree-b32-graphs", "p0001", 3):
+            r["output_ids"] = r["output_ids"][:-1] + [r["output_ids"][-1] + 1]
+    (copy / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
+    (changed,) = report.same_text(tmp_path)
+    assert [d["prompt"] for d in changed["differ"]] == ["p0001", "p0004", "p0006"]
+    line = report.same_text_table([row]).splitlines()[2]
+    assert line.startswith("| auto graphs | A-c1 | 32 graphs | ") and "| 6 of 8 |" in line
