@@ -14,22 +14,30 @@ Expected acceptance. A tree's value, the sum of its nodes' path probabilities un
 draft, is the expected number of accepted drafted tokens if the target's tokens followed the
 draft. The best-first tree is a prefix order: the budget-``B`` tree is the ``B`` best nodes
 of any larger budget's tree, so one tree at the largest candidate gives every candidate's
-value (the sum of its ``B`` largest path probabilities). Drafters are not calibrated, so
-``a(B) = r(B) * v(B)``: ``v(B)`` a running mean of the value per request, ``r(B)`` the
-ratio of accepted drafted tokens to predicted value. The ratio is kept per budget because
-it can differ between budgets: a larger tree adds deeper, less likely nodes, and how far
-the draft over- or under-states their probability need not be how far it misjudges the top
-chain. The prefix order helps here too: a round verified at budget ``B`` also says what
-every smaller candidate ``B'`` would have accepted (the accepted path's nodes among the
-``B'`` best), so ``r(B')`` learns from every round at ``B'`` or above, and the smallest
-candidate's from every round. A larger candidate than the one in use only learns on its
-occasional rounds, and a ratio from a few rounds is noisy (a lucky one would win the
-choice, then regress), so each ratio is shrunk towards the next smaller candidate's with
-the weight of ``calibration_prior`` request-rounds: with few rounds of its own a budget is
-taken to be calibrated like the one below it, with many it has its own ratio. Ratios have
-a long memory (``calibration_decay``) so that they do not follow each request's
-difficulty; the values carry that: when the draft grows less sure, every candidate's value
-drops, including those of budgets not run lately.
+value (the sum of its ``B`` largest path probabilities), and a round verified at budget
+``B`` also says what every smaller candidate ``B'`` would have accepted (the accepted path's
+nodes among the ``B'`` best). Drafters are not calibrated, so acceptance is the value times
+a ratio learned from the rounds: for the smallest candidate ``a(B0) = r * v(B0)``, ``v`` a
+running mean of the value per request and ``r`` the ratio of accepted drafted tokens to
+predicted value over every round (every tree holds the smallest one). A larger candidate
+adds to the one below it what its extra nodes add: ``a(Bi) = a(Bi-1) + g(Bi) * (v(Bi) -
+v(Bi-1))``, ``g(Bi)`` the ratio of the extra accepted tokens to the extra value, measured on
+the same rounds (those at ``Bi`` or above, each giving both trees' counts). Paired so, the
+difference between two budgets does not depend on which requests each happened to run on:
+requests differ far more from each other (a prompt that repeats itself accepts every
+drafted token, another two in fifteen) than two trees on the same round do. Per-budget
+ratios, each over the rounds its budget ran, did depend on it: on an H100 (patched SGLang
+0.5.13, the 8B-cost pair) a bucket that ran 15 while 32 ran a few re-timing rounds had
+15's ratio at 1.155 and 32's at 1.048, expected 15 to accept more than 32 from its larger
+ratio, and kept 15 where a budget-32 server was 7 % faster. A larger candidate than the one
+in use only learns on its occasional rounds, and a ratio from a few rounds is noisy (a lucky
+one would win the choice, then regress), so each added ratio is shrunk towards the next
+smaller candidate's (the smallest's ``r`` for the first) with the weight of
+``calibration_prior`` request-rounds of its mean added value: with few rounds of its own a
+budget's extra nodes are taken to be calibrated like those below them, with many they have
+their own ratio. Ratios have a long memory (``calibration_decay``) so that they do not
+follow each request's difficulty; the values carry that: when the draft grows less sure,
+every candidate's value drops, including those of budgets not run lately.
 
 Cost, per (batch bucket, width); buckets are powers of two. Each bucket starts by running
 every candidate until it has ``min_samples`` timed rounds after ``warmup_samples`` untimed
@@ -374,7 +382,13 @@ class BudgetPolicy:
         self._lock = threading.Lock()
         self._buckets: dict[int, _Bucket] = {}
         self._values = {b: _Mean(self.config.value_weight) for b in self.budgets}
+        # Per candidate: accepted / value over the rounds at it or above (the smallest's is
+        # its calibration; the others' are reported as their rounds, and kept for comparison:
+        # benchmarks/policy_replay.py replays the policy that calibrated each by its own).
         self._ratios = {b: _Ratio() for b in self.budgets}
+        # Per candidate above the smallest: its extra accepted tokens and extra value over
+        # the next smaller candidate's, on the rounds that verified it or a larger budget.
+        self._added = {b: _Ratio() for b in self.budgets[1:]}
         self._rounds = 0
         self._probe_due = False  # a probe that a timed round put off
         self._changes: deque[dict] = deque(maxlen=self.config.history)
@@ -519,6 +533,13 @@ class BudgetPolicy:
                     self._values[b].add(values[b] / batch)
             for b, count in accepted.items():
                 self._ratios[b].add(count, values[b], cfg.calibration_decay)
+            for below, b in zip(self.budgets, self.budgets[1:], strict=False):
+                if b in accepted and below in accepted:
+                    self._added[b].add(
+                        accepted[b] - accepted[below],
+                        values[b] - values[below],
+                        cfg.calibration_decay,
+                    )
             if state.level is not None:
                 self._choose(key, state)
 
@@ -561,24 +582,38 @@ class BudgetPolicy:
     # ---- estimates -------------------------------------------------------------------
 
     def calibration(self, budget: int) -> float:
-        """Accepted / predicted for ``budget``: the smallest candidate's own ratio (1 before
-        any round); a larger one's shrunk towards the next smaller candidate's with the
-        weight of ``calibration_prior`` request-rounds of its mean value."""
-        ratio = 1.0
-        for i, b in enumerate(self.budgets):
-            own, mean = self._ratios[b], self._values[b]
-            scale = mean.value if mean.n and mean.value > 0 else 1.0
-            prior = self.config.calibration_prior * scale if i else 0.0
-            if own.predicted + prior > 0:
-                ratio = (own.accepted + prior * ratio) / (own.predicted + prior)
-            if b == budget:
-                return ratio
-        raise ValueError(f"budget {budget} is not a candidate ({self.budgets})")
+        """Expected accepted / value for ``budget`` (1 before any round): the smallest
+        candidate's own ratio; a larger one's ``a(B) / v(B)`` as :meth:`expected_acceptance`
+        builds it, or, before any value is known, its added ratio chained from the
+        smallest's."""
+        ratio, acceptance = self._acceptances()[budget]
+        value = self._values[budget]
+        if acceptance is not None and value.value > 0:
+            return acceptance / value.value
+        return ratio
 
     def expected_acceptance(self, budget: int) -> float | None:
         """Calibrated expected drafted tokens accepted per request at ``budget``."""
-        value = self._values[budget]
-        return self.calibration(budget) * value.value if value.n else None
+        return self._acceptances()[budget][1]
+
+    def _acceptances(self) -> dict[int, tuple[float, float | None]]:
+        """Per candidate: (its ratio: the smallest's accepted / value, a larger one's added
+        accepted / added value, shrunk towards the ratio below it; its expected acceptance
+        per request, None before any value is known). See the module docstring."""
+        first = self._ratios[self.budgets[0]]
+        ratio = first.ratio if first.ratio is not None else 1.0
+        known = self._values[self.budgets[0]].n > 0  # every candidate's mean, or none
+        acceptance = ratio * self._values[self.budgets[0]].value if known else None
+        out = {self.budgets[0]: (ratio, acceptance)}
+        for below, b in zip(self.budgets, self.budgets[1:], strict=False):
+            added, own = self._values[b].value - self._values[below].value, self._added[b]
+            prior = self.config.calibration_prior * (max(added, 0.0) if known else 1.0)
+            if own.predicted + prior > 0:
+                ratio = (own.accepted + prior * ratio) / (own.predicted + prior)
+            if acceptance is not None:
+                acceptance += ratio * max(added, 0.0)
+            out[b] = (ratio, acceptance)
+        return out
 
     def expected_rate(self, batch: int, budget: int) -> float | None:
         """Expected committed tokens per second for ``batch`` requests at ``budget``; None
@@ -718,6 +753,12 @@ class BudgetPolicy:
                 },
                 "calibration": {str(b): round(self.calibration(b), 4) for b in self.budgets},
                 "calibration_rounds": {str(b): r.rounds for b, r in self._ratios.items()},
+                "added_calibration": {
+                    str(b): round(ratio, 4)
+                    for b, (ratio, _) in self._acceptances().items()
+                    if b in self._added
+                },
+                "added_calibration_rounds": {str(b): r.rounds for b, r in self._added.items()},
                 "budget_changes": self._num_changes,
                 "recent_changes": list(self._changes),
             }

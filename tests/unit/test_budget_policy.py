@@ -115,24 +115,55 @@ def test_calibration_starts_at_one_and_moves_to_the_observed_ratio():
     assert 0.7 < seen[-1] < 0.8
 
 
-def test_a_budget_with_few_rounds_of_its_own_is_shrunk_to_the_pooled_ratio():
+def test_a_budget_with_few_rounds_of_its_own_is_shrunk_to_the_ratio_below_it():
     policy = BudgetPolicy(BUDGETS, PolicyConfig(calibration_prior=32))
-    full = {15: 10.0, 32: 10.0, 64: 10.0}  # value 10 per request at every budget
+    values = {15: 10.0, 32: 11.0, 64: 12.0}  # each budget's extra nodes add 1 to the value
     for _ in range(400):
-        policy.observe(1, 15, seconds=0.01, values=full, accepted={15: 4.0})
+        policy.observe(1, 15, seconds=0.01, values=values, accepted={15: 4.0})
     assert policy.calibration(15) == pytest.approx(0.4)
-    # No rounds of its own: calibrated like the budgets below it.
+    # No rounds of its own: its extra nodes are calibrated like the tree below them.
+    assert policy.expected_acceptance(64) == pytest.approx(4.0 + 0.4 + 0.4)
     assert policy.calibration(64) == pytest.approx(0.4)
-    # Two lucky rounds at 64 (every drafted token accepted) barely move its ratio ...
-    lucky = {15: 4.0, 32: 4.0, 64: 10.0}
+    # Two lucky rounds at 64 (every extra node accepted) barely move its ratio ...
+    lucky = {15: 4.0, 32: 5.0, 64: 6.0}
     for _ in range(2):
-        policy.observe(1, 64, seconds=0.01, values=full, accepted=lucky)
+        policy.observe(1, 64, seconds=0.01, values=values, accepted=lucky)
     assert 0.4 < policy.calibration(64) < 0.45
-    # ... many rounds do: 64 really accepts more of what its tree promises.
+    # ... many rounds do: the extra nodes really accept 90 % of what they promise.
     for _ in range(300):
-        policy.observe(1, 64, seconds=0.01, values=full, accepted={15: 4.0, 32: 4.0, 64: 8.0})
-    assert policy.calibration(64) > 0.75
+        policy.observe(1, 64, seconds=0.01, values=values, accepted={15: 4.0, 32: 4.9, 64: 5.8})
+    assert policy.snapshot()["added_calibration"]["64"] == pytest.approx(0.9, abs=0.05)
+    assert policy.expected_acceptance(64) == pytest.approx(5.8, abs=0.1)
     assert policy.calibration(15) == pytest.approx(0.4)
+
+
+def test_a_wider_budget_is_judged_on_the_rounds_it_shares_with_the_narrower_one():
+    # The H100 case: the bucket ran 15, and 32 ran only a few re-timing rounds, which fell
+    # on hard requests. Easy requests (a prompt that repeats itself) accept more than their
+    # value says, hard ones less; on every round 32's tree accepts what 15's does and all of
+    # the value it adds. Ratios per budget, each over its own rounds, expected 32 to accept
+    # less than 15 (15's ratio pooled the easy requests, 32's had only hard ones) and kept
+    # 15; the paired added ratio expects 32 to accept more.
+    policy = BudgetPolicy(BUDGETS)
+    easy = {15: 12.0, 32: 12.1, 64: 12.2}, {15: 14.4}
+    hard = {15: 4.0, 32: 4.2, 64: 4.4}, {15: 3.0}
+    for request in range(10):  # requests of 20 rounds each, easy and hard in turn
+        values, accepted = easy if request % 2 == 0 else hard
+        for _ in range(20):
+            policy.observe(1, 15, seconds=0.01, values=values, accepted=accepted)
+    for _ in range(10):
+        policy.observe(1, 32, seconds=0.01, values=hard[0], accepted={15: 3.0, 32: 3.2})
+    a15, a32 = (policy.expected_acceptance(b) for b in (15, 32))
+    assert a32 > a15
+    added = policy.snapshot()["added_calibration"]["32"]
+    assert a32 - a15 == pytest.approx(
+        added
+        * (
+            policy.snapshot()["value_per_request"]["32"]
+            - policy.snapshot()["value_per_request"]["15"]
+        ),
+        rel=1e-3,
+    )
 
 
 def test_calibration_overrides_an_overconfident_value():
