@@ -273,7 +273,7 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     rec = sub.add_parser("record", help="decode the workloads at budget 64; keep every round")
@@ -292,7 +292,7 @@ def main() -> None:
         "--switch-ms", type=float, default=1.0, help="added to a round at another width"
     )
     rep.add_argument("--json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     record(args) if args.cmd == "record" else replay(args)
 
 
