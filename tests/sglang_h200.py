@@ -1,5 +1,5 @@
-"""For the tests of benchmarks/sglang_h200 (not a package): load a script as a module, find
-free ports, and make a bundle whose stand-in ``sglang.launch_server`` becomes the embedded
+"""For the tests of benchmarks/sglang_h200 and benchmarks/ (not packages): load a script as
+a module, find free ports, and make a bundle whose stand-in ``sglang.launch_server`` becomes the embedded
 engine (SGLang itself needs a GPU)."""
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ import socket
 from pathlib import Path
 from types import ModuleType
 
-HERE = Path(__file__).resolve().parents[1] / "benchmarks" / "sglang_h200"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+HERE = BENCHMARKS / "sglang_h200"
 
 
-def load_script(name: str) -> ModuleType:
-    """A fresh module of benchmarks/sglang_h200/NAME.py (e.g. "prepare", "run", "units")."""
-    spec = importlib.util.spec_from_file_location(f"sglang_h200_{name}", HERE / f"{name}.py")
+def load_script(name: str, folder: Path = HERE) -> ModuleType:
+    """A fresh module of benchmarks/sglang_h200/NAME.py (e.g. "prepare", "run", "units"), or
+    of FOLDER/NAME.py (``BENCHMARKS``: e.g. "crossover_report")."""
+    spec = importlib.util.spec_from_file_location(f"{folder.name}_{name}", folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

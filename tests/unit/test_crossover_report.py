@@ -6,12 +6,13 @@ multi-arm form (phase A) and the two-arm form (phase B) alike."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+
+from tests.sglang_h200 import BENCHMARKS, load_script
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "sglang_h200_2026-12-02_crossover"
@@ -19,12 +20,7 @@ AUTO_RESULTS = REPO / "benchmarks" / "results" / "sglang_h200_2026-12-02_crossov
 
 
 def _report():
-    spec = importlib.util.spec_from_file_location(
-        "crossover_report", REPO / "benchmarks" / "crossover_report.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("crossover_report", BENCHMARKS)
 
 
 def test_every_arm_of_every_bench_is_one_cell_with_the_benchs_own_figures():

@@ -3,23 +3,19 @@ its replay's fixed budgets and policies account for every recorded round."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from tests.sglang_h200 import BENCHMARKS, load_script
 
 REPO = Path(__file__).resolve().parents[2]
 STORED = REPO / "benchmarks" / "results" / "policy_replay_2026-12-07" / "traces.json"
 
 
 def _replay_module():
-    spec = importlib.util.spec_from_file_location(
-        "policy_replay", REPO / "benchmarks" / "policy_replay.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("policy_replay", BENCHMARKS)
 
 
 def test_recorded_rounds_are_the_engines_rounds_with_every_candidates_counts(tmp_path):
