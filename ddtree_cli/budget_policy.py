@@ -118,7 +118,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 AUTO = "auto"
 
@@ -228,6 +228,40 @@ class PolicyConfig:
     reexplore_every: int = 256  # ... and the most between two, the gap doubling up to it
     retime_stretch: float = 4.0  # the most a far-off width's wait between re-timings grows
     history: int = 32  # budget changes kept for snapshot()
+
+    @classmethod
+    def from_text(cls, text: str) -> PolicyConfig:
+        """Settings as ``name=value`` pairs separated by commas (``"hysteresis=0.02,
+        min_dwell=64"``: a serving worker's ``SGLANG_DDTREE_BUDGET_POLICY``), the others at
+        their defaults; "" gives the defaults. ValueError with a one-line reason for an
+        unknown name, a value of the wrong kind or one out of range."""
+        kinds = {f.name: type(f.default) for f in fields(cls)}
+        settings = {}
+        for item in (x.strip() for x in text.split(",")):
+            if not item:
+                continue
+            name, sep, raw = (x.strip() for x in item.partition("="))
+            if not sep or name not in kinds:
+                raise ValueError(
+                    f"unknown budget policy setting {item!r} (known: {', '.join(kinds)})"
+                )
+            try:
+                settings[name] = kinds[name](raw)
+            except ValueError:
+                what = "whole number" if kinds[name] is int else "number"
+                raise ValueError(
+                    f"budget policy setting {name} takes a {what}, got {raw!r}"
+                ) from None
+        return cls(**settings)
+
+    def changed(self) -> dict:
+        """The settings that differ from the defaults (what :meth:`from_text` was given)."""
+        default = type(self)()
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
 
     def __post_init__(self):
         if self.min_samples < 1 or self.warmup_samples < 0:
@@ -761,4 +795,5 @@ class BudgetPolicy:
                 "added_calibration_rounds": {str(b): r.rounds for b, r in self._added.items()},
                 "budget_changes": self._num_changes,
                 "recent_changes": list(self._changes),
+                "config": self.config.changed(),
             }

@@ -1872,6 +1872,33 @@ out["validate"] = {
     "json_schema": validate_ddtree_request(request(json_schema="{}")),
 }
 
+# --- budget auto's policy settings from SGLANG_DDTREE_BUDGET_POLICY (v1 only: v2 refuses
+# auto)
+if not V2:
+    from sglang.srt.speculative.ddtree_worker import budget_policy_config  # noqa: E402
+
+    def policy_env_case(budget, text) -> dict:
+        args = server_args(**{**base, "speculative_ddtree_budget": budget})
+        with environ(SGLANG_DDTREE_BUDGET_POLICY=text):
+            try:
+                config = budget_policy_config(args)
+            except ValueError as exc:
+                return {"error": f"ValueError: {exc}"}
+        return {"changed": None if config is None else config.changed()}
+
+    out["budget_policy_env"] = {
+        name: policy_env_case(budget, text)
+        for name, budget, text in [
+            ("unset", "auto", None),
+            ("set", "auto", "hysteresis=0.02, min_dwell=64"),
+            ("unknown", "auto", "hysterisis=0.02"),
+            ("not_an_int", "auto", "min_dwell=0.5"),
+            ("out_of_range", "auto", "hysteresis=-1"),
+            ("fixed_budget", 15, "hysteresis=0.02"),
+            ("fixed_budget_unset", 15, None),
+        ]
+    }
+
 # --- spec_need_hidden_states (v2 reads the published spec config or the server
 # arguments, by release; give it DDTREE's)
 if V2:

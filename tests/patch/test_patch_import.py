@@ -392,6 +392,34 @@ def test_budget_auto_on_0_5_13_and_refused_on_v2(probe):
 
 
 @pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)
+def test_budget_auto_policy_settings_from_the_environment(probe):
+    """``SGLANG_DDTREE_BUDGET_POLICY`` sets a budget-auto server's policy (for trying a
+    setting beside the default); a bad setting, or the variable on a fixed-budget server,
+    is refused in one line before any model loads (``check_ddtree_worker_args``)."""
+    version, facts = probe
+    if not is_v1(version):
+        pytest.skip("budget auto runs on 0.5.13 (v1) only")
+    cases = facts["budget_policy_env"]
+    assert cases["unset"] == {"changed": {}}
+    assert cases["set"] == {"changed": {"hysteresis": 0.02, "min_dwell": 64}}
+    assert cases["unknown"]["error"].startswith(
+        "ValueError: SGLANG_DDTREE_BUDGET_POLICY: unknown budget policy setting "
+        "'hysterisis=0.02' (known: min_samples, warmup_samples, hysteresis,"
+    )
+    assert cases["not_an_int"] == {
+        "error": "ValueError: SGLANG_DDTREE_BUDGET_POLICY: budget policy setting min_dwell "
+        "takes a whole number, got '0.5'"
+    }
+    assert cases["out_of_range"] == {
+        "error": "ValueError: SGLANG_DDTREE_BUDGET_POLICY: hysteresis must be >= 0"
+    }
+    assert cases["fixed_budget"] == {
+        "error": "ValueError: SGLANG_DDTREE_BUDGET_POLICY applies to "
+        "--speculative-ddtree-budget auto only"
+    }
+    assert cases["fixed_budget_unset"] == {"changed": None}
+
+
 def test_budget_auto_statistics_match_each_candidates_own_tree(probe):
     """One round's tree at the largest candidate (64) gives every candidate's value and
     what it would have accepted: each equals that candidate's own tree, built and walked

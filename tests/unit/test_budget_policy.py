@@ -619,3 +619,23 @@ def test_observe_time_leaves_wide_probes_and_rounds_without_a_time_untimed():
         policy.observe_time(1, 16, 0.01)
     with pytest.raises(ValueError, match="verified budget"):
         policy.observe_stats(1, 15, values={32: 1.0}, accepted={15: 0})
+
+
+def test_settings_from_text_for_a_server_to_try_beside_the_default():
+    config = PolicyConfig.from_text(" hysteresis=0.02 , min_dwell=64,")
+    assert (config.hysteresis, config.min_dwell) == (0.02, 64)
+    assert config.changed() == {"hysteresis": 0.02, "min_dwell": 64}
+    assert PolicyConfig.from_text("") == PolicyConfig() and PolicyConfig().changed() == {}
+    policy = BudgetPolicy(BUDGETS, config)
+    assert policy.snapshot()["config"] == {"hysteresis": 0.02, "min_dwell": 64}
+    for text, reason in [
+        ("hysterisis=0.02", "unknown budget policy setting 'hysterisis=0.02' (known: "),
+        ("hysteresis", "unknown budget policy setting 'hysteresis' (known: "),
+        ("min_dwell=0.5", "budget policy setting min_dwell takes a whole number, got '0.5'"),
+        ("hysteresis=low", "budget policy setting hysteresis takes a number, got 'low'"),
+        ("hysteresis=-1", "hysteresis must be >= 0"),
+        ("min_dwell=0", "min_dwell must be >= 1"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            PolicyConfig.from_text(text)
+        assert str(err.value).startswith(reason) and "\n" not in str(err.value)

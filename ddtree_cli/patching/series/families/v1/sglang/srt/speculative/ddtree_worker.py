@@ -53,6 +53,7 @@ before (timing every round costs about what the fewer reads saved), 0.065 p50.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -107,7 +108,31 @@ def check_ddtree_worker_args(server_args: ServerArgs) -> SpeculativeAlgorithm:
             f"DDTREE verifies budget + 1 tokens per request: got budget={budget} and "
             f"speculative_num_draft_tokens={width}."
         )
+    budget_policy_config(server_args)
     return algorithm
+
+
+# The budget policy's settings under budget auto, ``name=value`` pairs separated by commas
+# (``PolicyConfig.from_text``): for trying a setting side by side with the default on one
+# machine (``benchmarks/sglang_h200/crossover.py``'s switch ``h``); unset, the defaults.
+BUDGET_POLICY_ENV = "SGLANG_DDTREE_BUDGET_POLICY"
+
+
+def budget_policy_config(server_args: ServerArgs):
+    """The ``PolicyConfig`` of a budget-auto server from ``SGLANG_DDTREE_BUDGET_POLICY``
+    (None for a fixed budget); ValueError in one line for a bad setting, or for the
+    variable set on a server with a fixed budget."""
+    text = os.environ.get(BUDGET_POLICY_ENV, "").strip()
+    if server_args.speculative_ddtree_budget != "auto":
+        if text:
+            raise ValueError(
+                f"{BUDGET_POLICY_ENV} applies to --speculative-ddtree-budget auto only"
+            )
+        return None
+    try:
+        return ddtree_budget_policy.PolicyConfig.from_text(text)
+    except ValueError as exc:
+        raise ValueError(f"{BUDGET_POLICY_ENV}: {exc}") from None
 
 
 class DDTreeWorker(DFlashWorker):
@@ -149,7 +174,8 @@ class DDTreeWorker(DFlashWorker):
             self.policy = ddtree_budget_policy.BudgetPolicy(
                 ddtree_budget_policy.candidate_budgets(
                     self.block_size, server_args.speculative_ddtree_max_budget
-                )
+                ),
+                budget_policy_config(server_args),
             )
             self.budget = self.policy.max_budget  # the widest; each round picks its own
         else:
