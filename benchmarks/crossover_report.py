@@ -41,8 +41,11 @@ SUFFIXES = {
     None: "", "-graphs": " graphs", "-graphs-verify": " graphs+verify",
     "-graphs-move": " graphs+move", "-graphs-pdl": " graphs+pdl",
     "-graphs-control": " graphs (control)", "-graphs-movecheck": " graphs+move check",
-    "-graphs-poolmove": " graphs+pool move",
+    "-graphs-poolmove": " graphs+pool move", "-graphs-h2": " graphs+hysteresis 0.02",
 }  # fmt: skip
+# Suffixes of ``auto`` arms whose switch sets the budget policy (no fixed budget has them):
+# such an arm is put against the fixed budgets of the suffix it is a variant of.
+AUTO_ONLY = {"-graphs-h2": "-graphs"}
 ARM = re.compile(
     r"^ddtree-(?:b(\d+)|(auto))("
     + "|".join(re.escape(suffix) for suffix in SUFFIXES if suffix)
@@ -102,7 +105,8 @@ def cells(results: Path) -> list[dict]:
 
 WITHIN = 0.97  # the goal: auto within 3 % of the best fixed budget beside it
 # The policy state crossover.py keeps after each bench, per auto arm's suffix.
-POLICY_FILES = {None: "auto-policy.json", "-graphs": "auto-graphs-policy.json"}
+POLICY_FILES = {None: "auto-policy.json", "-graphs": "auto-graphs-policy.json",
+                "-graphs-h2": "auto-graphs-h2-policy.json"}  # fmt: skip
 
 
 def _trials(arm: dict) -> dict[int, float | None]:
@@ -122,7 +126,8 @@ def against_fixed(results: Path) -> list[dict]:
             parsed = {a: match.groups() for a in arms if (match := ARM.match(a))}
             autos = [(a, suffix) for a, (_, auto, suffix) in parsed.items() if auto]
             for auto, suffix in autos:
-                fixed = [a for a, (n, _, s) in parsed.items() if n is not None and s == suffix]
+                beside = AUTO_ONLY.get(suffix, suffix)
+                fixed = [a for a, (n, _, s) in parsed.items() if n is not None and s == beside]
                 if not fixed:
                     continue
                 fixed.sort(key=lambda a: -(arms[a]["output_tok_s"] or 0))  # none: measured none
@@ -263,7 +268,8 @@ def same_text(results: Path) -> list[dict]:
         for auto, (_, is_auto, suffix) in sorted(parsed.items()):
             if not is_auto:
                 continue
-            for fixed in sorted(a for a, (n, _, s) in parsed.items() if n and s == suffix):
+            beside = AUTO_ONLY.get(suffix, suffix)
+            for fixed in sorted(a for a, (n, _, s) in parsed.items() if n and s == beside):
                 a, f = by[auto], by[fixed]
                 common = sorted(a.keys() & f.keys())
                 same = [p for p in common

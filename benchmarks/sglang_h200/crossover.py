@@ -28,7 +28,10 @@ them out, and one that names a different value is refused (``settle_map_args``).
    whose policy state is kept as ``A-cN.auto-policy.json``; ``--graphs 15,auto`` adds
    ``ddtree-b15-graphs`` and ``ddtree-auto-graphs``, the same servers started with
    ``SGLANG_DDTREE_ROUND_GRAPHS=1``, whose round-graph state goes to
-   ``A-cN.round-graphs.json``. A server under test (``may_fail``: budget auto, the graph
+   ``A-cN.round-graphs.json``; ``autoh`` adds ``ddtree-auto-graphs-h2``, auto with its
+   policy's hysteresis at 0.02 (``SGLANG_DDTREE_BUDGET_POLICY``), its state in
+   ``A-cN.auto-graphs-h2-policy.json``, beside ``auto``'s ``A-cN.auto-graphs-policy.json``.
+   A server under test (``may_fail``: budget auto, the graph
    servers) that exits at start-up is recorded in ``progress.json`` (``auto_failed``,
    ``auto_failed_ddtree-gauto``, ``start_failed_ddtree-gB``) and the map goes on without
    it. Phase A's servers must fit on the GPU together: five 8B-cost servers do;
@@ -134,6 +137,7 @@ MOVE_ENV = "SGLANG_DDTREE_WINDOW_KV_MOVE"
 # its own arm (``ddtree-bN-graphs`` + the suffix). Each: (variable, arm suffix, value, what
 # the arm is for, as ``--graphs``'s help says it).
 PDL_ENV = "DDTREE_PDL"
+POLICY_ENV = "SGLANG_DDTREE_BUDGET_POLICY"
 SWITCHES = {
     "v": (VERIFY_ENV, "-verify", "1", "the v2 releases' verify-input graphs, on by default since "
           "the twenty-first GPU run, so that N alone has them too"),
@@ -147,7 +151,11 @@ SWITCHES = {
           "kept, differences counted in A-cN.kv-move-check.json"),
     "w": (MOVE_ENV, "-poolmove", "0", "the KV pool's own move of every window row, the "
           "default before the twenty-fourth GPU run"),
+    "h": (POLICY_ENV, "-h2", "hysteresis=0.02", "the budget policy's hysteresis towards "
+          "block - 1 at 0.02 instead of 0.05, beside auto as it is; auto only"),
 }  # fmt: skip
+# Switches that set the budget policy: for ``auto`` only (a fixed-budget server refuses them).
+AUTO_SWITCHES = {"h"}
 
 
 def _split_switch(text: str) -> tuple[str, tuple[str | None, str, str | None, str] | None]:
@@ -157,21 +165,28 @@ def _split_switch(text: str) -> tuple[str, tuple[str | None, str, str | None, st
 
 
 def _graph_budgets(text: str) -> list:
-    """``--graphs``: budgets, ``auto``, and budgets with a switch letter (``SWITCHES``), e.g.
-    ``15,15m,auto``."""
+    """``--graphs``: budgets, ``auto``, budgets with a switch letter (``SWITCHES``) and auto
+    with a policy switch (``AUTO_SWITCHES``), e.g. ``15,15m,auto,autoh``."""
     out = []
     for x in (x.strip() for x in text.split(",") if x.strip()):
-        base = _split_switch(x)[0]
-        if x != "auto" and not base.isdigit():
-            letters = "/".join(f"N{k}" for k in SWITCHES)
-            raise argparse.ArgumentTypeError(f"--graphs: {x!r} is not a budget, {letters} or auto")
+        base, letter = _split_switch(x)[0], x[-1:]
+        policy = letter in AUTO_SWITCHES and x != base
+        if x != "auto" and not (base.isdigit() and not policy) and not (base == "auto" and policy):
+            letters = "/".join(f"N{k}" for k in SWITCHES if k not in AUTO_SWITCHES)
+            autos = "/".join(f"auto{k}" for k in AUTO_SWITCHES)
+            raise argparse.ArgumentTypeError(
+                f"--graphs: {x!r} is not a budget, {letters}, auto or {autos}"
+            )
         out.append(int(x) if x.isdigit() else x)
     return out
 
 
 def _budget_of(entry) -> int | str:
-    """A ``--graphs`` entry's budget: ``15v`` -> 15."""
-    return int(_split_switch(entry)[0]) if isinstance(entry, str) and entry != "auto" else entry
+    """A ``--graphs`` entry's budget: ``15v`` -> 15, ``autoh`` -> ``auto``."""
+    if not isinstance(entry, str):
+        return entry
+    base = _split_switch(entry)[0]
+    return base if base == "auto" else int(base)
 
 
 def arm_of(server: str) -> str:
@@ -424,10 +439,9 @@ def crossover(v: run.Validation) -> int:
             states = {n: ddtree_states(port, state_keys(n), tuple(STEP_KEYS))
                       for n, (port, _) in servers.items() if n.startswith("ddtree")}  # fmt: skip
             v.write(f"{step}.round-timing.json", {n: s[timing] for n, s in states.items()})
-            if "ddtree-nauto" in states:
-                v.write(f"{step}.auto-policy.json", states["ddtree-nauto"][policy])
-            if "ddtree-gauto" in states:
-                v.write(f"{step}.auto-graphs-policy.json", states["ddtree-gauto"][policy])
+            for n, got in states.items():  # A-cN.auto-policy.json, .auto-graphs-policy.json, ...
+                if arm_of(n).startswith("ddtree-auto"):
+                    v.write(f"{step}.{arm_of(n).removeprefix('ddtree-')}-policy.json", got[policy])
             for key, name in ((graphs, "round-graphs"), *STEP_KEYS.items()):
                 if any(key in s for s in states.values()):
                     v.write(f"{step}.{name}.json",
@@ -536,12 +550,17 @@ def _parser() -> argparse.ArgumentParser:
         f"{GRAPHS_ENV}=1 (arms ddtree-bN-graphs, ddtree-auto-graphs; auto on SGLang 0.5.13 "
         "only); "
         + "; ".join(
-            f"N{k}: budget N "
+            (f"auto{k}: auto " if k in AUTO_SWITCHES else f"N{k}: budget N ")
             + (f"with {var}={value}" if var else "once more with no switch")
-            + f" (arm ddtree-bN-graphs{suffix}: {what})"
+            + (
+                f" (arm ddtree-auto-graphs{suffix}: "
+                if k in AUTO_SWITCHES
+                else f" (arm ddtree-bN-graphs{suffix}: "
+            )
+            + f"{what})"
             for k, (var, suffix, value, what) in SWITCHES.items()
         )
-        + ", e.g. 15,15m,auto",
+        + ", e.g. 15,15m,auto,autoh",
     )
     p.add_argument(
         "--no-agree",

@@ -163,6 +163,7 @@ def test_every_arm_crossover_can_start_is_one_the_report_names():
     crossover, report = load_script("crossover"), _report()
     servers = [f"ddtree-{kind}{budget}" for kind in "ng" for budget in ("15", "auto")]
     servers += [f"ddtree-g15{letter}" for letter in crossover.SWITCHES]
+    servers += [f"ddtree-gauto{letter}" for letter in crossover.AUTO_SWITCHES]
     for server in servers:
         arm = crossover.arm_of(server)
         match = report.ARM.match(arm)
@@ -360,3 +361,26 @@ def test_auto_against_fixed_on_the_prompts_both_wrote_the_same_text_for(tmp_path
     assert [d["prompt"] for d in changed["differ"]] == ["p0001", "p0004", "p0006"]
     line = report.same_text_table([row]).splitlines()[2]
     assert line.startswith("| auto graphs | A-c1 | 32 graphs | ") and "| 6 of 8 |" in line
+
+
+def test_an_auto_arm_with_a_policy_switch_is_put_against_the_fixed_budgets_it_varies(tmp_path):
+    """``crossover.py --graphs 32,auto,autoh``'s ``ddtree-auto-graphs-h2`` (auto with another
+    policy setting) has no fixed budget of its own suffix: it is put against the fixed
+    budgets with round graphs, as ``auto graphs`` is, and its policy file is its own. On the
+    thirtieth run's bench at 1 (benchmarks/results/sglang_h100_2026-12-07_b32/A-c1) with the
+    auto arm renamed so: the same comparison as the auto arm's."""
+    folder = REPO / "benchmarks" / "results" / "sglang_h100_2026-12-07_b32"
+    report = _report()
+    (before,) = [r for r in report.against_fixed(folder) if r["bench"] == "A-c1"]
+    bench = tmp_path / "A-c1"
+    bench.mkdir()
+    text = (folder / "A-c1" / "summary.json").read_text()
+    (bench / "summary.json").write_text(
+        text.replace('"ddtree-auto-graphs"', '"ddtree-auto-graphs-h2"')
+    )
+    policy = (folder / "A-c1.auto-graphs-policy.json").read_text()
+    (tmp_path / "A-c1.auto-graphs-h2-policy.json").write_text(policy)
+    (after,) = report.against_fixed(tmp_path)
+    assert after["auto"] == "auto graphs+hysteresis 0.02" and after["best"] == "32 graphs"
+    assert (after["ratio"], after["ci95"], after["policy"]) == (
+        before["ratio"], before["ci95"], before["policy"])  # fmt: skip

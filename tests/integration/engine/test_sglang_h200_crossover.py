@@ -109,7 +109,17 @@ def test_prompts_follow_the_concurrency_and_servers_keep_their_slots(tmp_path):
         "env", "SGLANG_DDTREE_ROUND_GRAPHS=1", "SGLANG_DDTREE_WINDOW_KV_MOVE=0"]  # fmt: skip
     assert "SGLANG_DDTREE_WINDOW_KV_MOVE=0" not in pool["ddtree-g15"][1]
     assert crossover.arm_of("ddtree-g15w") == "ddtree-b15-graphs-poolmove"
-    for bad in ("15x", "autov", "v", "m", "p", "c", "k", "w", "automm", "autoc", "15vm", "15kw"):
+    # autoh: auto once more, its budget policy's hysteresis at 0.02 (auto only).
+    h = crossover.servers_for(tmp_path, args, [], "0.5.13",
+                              graphs=crossover._graph_budgets("15,auto,autoh"))  # fmt: skip
+    assert h["ddtree-gautoh"][1][:3] == [
+        "env", "SGLANG_DDTREE_ROUND_GRAPHS=1", "SGLANG_DDTREE_BUDGET_POLICY=hysteresis=0.02"]  # fmt: skip
+    assert without_own_ports((h["ddtree-gautoh"][0], h["ddtree-gautoh"][1][3:]), run) == (
+        without_own_ports((h["ddtree-gauto"][0], h["ddtree-gauto"][1][2:]), run))  # fmt: skip
+    assert not any("BUDGET_POLICY" in x for x in h["ddtree-gauto"][1] + h["ddtree-g15"][1])
+    assert crossover.arm_of("ddtree-gautoh") == "ddtree-auto-graphs-h2"
+    for bad in ("15x", "autov", "v", "m", "p", "c", "k", "w", "automm", "autoc", "15vm", "15kw",
+                "15h", "h", "autohh"):  # fmt: skip
         with pytest.raises(crossover.main.__globals__["argparse"].ArgumentTypeError):
             crossover._graph_budgets(bad)
     # Phase A of graph servers only (--budgets-a= --graphs 15,64,auto): no port shared.
