@@ -288,14 +288,18 @@ def profile_step(v: run.Validation, name: str, port: int, concurrency: int) -> d
     return {"kernel_us": kernels.get("total_us"), "kernels": kernels.get("events")}
 
 
-AUTO_SERVERS = ("ddtree-nauto", "ddtree-gauto")
+def is_auto(server: str) -> bool:
+    """A budget-auto server: ``ddtree-nauto``, ``ddtree-gauto``, ``ddtree-gautoh``."""
+    return server.startswith("ddtree-") and _split_switch(server[len("ddtree-") + 1 :])[0] == (
+        "auto"
+    )
 
 
 def may_fail(server: str) -> bool:
     """Whether a server may exit at start-up without ending the map: the ones under test
     (budget auto, and every ``--graphs`` server: the v2 releases' round graphs had never run
     on a GPU); plain, DFLASH and the eager budgets are what the map compares against."""
-    return server in AUTO_SERVERS or server.startswith("ddtree-g")
+    return is_auto(server) or server.startswith("ddtree-g")
 
 
 def healthy_but_optional(v: run.Validation, phase_a: dict, small: dict) -> bool:
@@ -317,11 +321,11 @@ def healthy_but_optional(v: run.Validation, phase_a: dict, small: dict) -> bool:
 
 
 def _failed_key(server: str) -> str:
-    """``auto_failed`` (``ddtree-nauto``), ``auto_failed_ddtree-gauto``, else
-    ``start_failed_<server>``."""
+    """``auto_failed`` (``ddtree-nauto``), ``auto_failed_ddtree-gauto`` (and so for every
+    other budget-auto server), else ``start_failed_<server>``."""
     if server == "ddtree-nauto":
         return "auto_failed"
-    return f"auto_failed_{server}" if server in AUTO_SERVERS else f"start_failed_{server}"
+    return f"auto_failed_{server}" if is_auto(server) else f"start_failed_{server}"
 
 
 STATE_KEYS = ("speculative_ddtree_round_timing", "speculative_ddtree_budget_policy",
@@ -332,7 +336,7 @@ def state_keys(server: str) -> tuple[str, ...]:
     """What a DDTREE server's ``/server_info`` is asked for: every one's round timing, a
     budget-auto server's policy, a ``--graphs`` server's round graphs."""
     timing, policy, graphs = STATE_KEYS
-    return (timing, *[policy] * (server in AUTO_SERVERS),
+    return (timing, *[policy] * is_auto(server),
             *[graphs] * server.startswith("ddtree-g"))  # fmt: skip
 
 
@@ -440,7 +444,7 @@ def crossover(v: run.Validation) -> int:
                       for n, (port, _) in servers.items() if n.startswith("ddtree")}  # fmt: skip
             v.write(f"{step}.round-timing.json", {n: s[timing] for n, s in states.items()})
             for n, got in states.items():  # A-cN.auto-policy.json, .auto-graphs-policy.json, ...
-                if arm_of(n).startswith("ddtree-auto"):
+                if is_auto(n):
                     v.write(f"{step}.{arm_of(n).removeprefix('ddtree-')}-policy.json", got[policy])
             for key, name in ((graphs, "round-graphs"), *STEP_KEYS.items()):
                 if any(key in s for s in states.values()):

@@ -171,7 +171,7 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
              str(small), "--budgets-a", "8,4", "--budgets-b", "2", "--concurrency", "1,2",
              "--profile-concurrency", "", "--prompts-floor", "5", "--trials", "3",
              "--max-new", "8", "--agree-prompts", "4", "--agree-new", "8",
-             "--client", str(REPO), "--auto", "--graphs", "4", "--warmup", "c"]  # fmt: skip
+             "--client", str(REPO), "--auto", "--graphs", "4,autoh", "--warmup", "c"]  # fmt: skip
     state = tmp_path / "state"
     try:
         proc = _run(tmp_path, "--pieces", str(pieces), "--until", "1", *flags)
@@ -194,8 +194,8 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
         agree = json.loads((results / "agree.json").read_text())
         assert {a: r["identical"] for a, r in agree["arms"].items()} == {
             "plain": 4, "dflash": 4, "ddtree": 4}  # fmt: skip
-        phase_a = {"ddtree-b8", "ddtree-b4", "ddtree-auto", "ddtree-b4-graphs", "dflash",
-                   "reference"}  # fmt: skip
+        phase_a = {"ddtree-b8", "ddtree-b4", "ddtree-auto", "ddtree-b4-graphs",
+                   "ddtree-auto-graphs-h2", "dflash", "reference"}  # fmt: skip
         for step, arms in (("A-c1", phase_a), ("A-c2", phase_a),
                            ("B-c1", {"ddtree-b2", "dflash", "reference"})):  # fmt: skip
             summary = json.loads((results / step / "summary.json").read_text())
@@ -206,14 +206,19 @@ def test_the_map_runs_over_calls_and_resumes(tmp_path):
         for step in ("A-c1", "A-c2"):
             policy = json.loads((results / f"{step}.auto-policy.json").read_text())
             assert policy["candidates"] == [15, 32, 64] and policy["rounds"] > 0, policy
+            # autoh's own file (the stand-in's embedded engine does not read the variable
+            # that sets its policy: it runs the defaults)
+            other = json.loads((results / f"{step}.auto-graphs-h2-policy.json").read_text())
+            assert other["candidates"] == [15, 32, 64] and other["rounds"] > 0, other
         assert set(policy["buckets"]) >= {"1", "2"}, policy
         # Every DDTREE server's round timing, asked for after each bench (the embedded
         # engine's servers have none: the answer says so instead of failing the map).
         timing = json.loads((results / "A-c1.round-timing.json").read_text())
-        assert set(timing) == {"ddtree-n8", "ddtree-n4", "ddtree-nauto", "ddtree-g4"}
+        assert set(timing) == {"ddtree-n8", "ddtree-n4", "ddtree-nauto", "ddtree-g4",
+                               "ddtree-gautoh"}  # fmt: skip
         assert all("no speculative_ddtree_round_timing" in t["error"] for t in timing.values())
         graphs = json.loads((results / "A-c1.round-graphs.json").read_text())
-        assert list(graphs) == ["ddtree-g4"], graphs
+        assert sorted(graphs) == ["ddtree-g4", "ddtree-gautoh"], graphs
         assert "no speculative_ddtree_round_graphs" in graphs["ddtree-g4"]["error"]
         # 5 prompts per request in flight, at least 5 (--prompts-floor); warmed up with as
         # many requests as the bench keeps in flight (--warmup c).
