@@ -109,6 +109,14 @@ POLICY_FILES = {None: "auto-policy.json", "-graphs": "auto-graphs-policy.json",
                 "-graphs-h2": "auto-graphs-h2-policy.json"}  # fmt: skip
 
 
+def fixed_beside(parsed: dict, suffix: str | None) -> list[str]:
+    """The fixed-budget arms an ``auto`` arm with ``suffix`` is put against: those with its
+    suffix, or for a policy switch (``AUTO_ONLY``) those of the suffix it varies. ``parsed``:
+    arm -> ``ARM``'s groups."""
+    beside = AUTO_ONLY.get(suffix, suffix)
+    return [a for a, (n, _, s) in parsed.items() if n is not None and s == beside]
+
+
 def _trials(arm: dict) -> dict[int, float | None]:
     """An arm's tok/s per trial, as summary.json keeps them."""
     return {t["trial"]: t["output_tok_s"] for t in arm["trials"]}
@@ -126,8 +134,7 @@ def against_fixed(results: Path) -> list[dict]:
             parsed = {a: match.groups() for a in arms if (match := ARM.match(a))}
             autos = [(a, suffix) for a, (_, auto, suffix) in parsed.items() if auto]
             for auto, suffix in autos:
-                beside = AUTO_ONLY.get(suffix, suffix)
-                fixed = [a for a, (n, _, s) in parsed.items() if n is not None and s == beside]
+                fixed = fixed_beside(parsed, suffix)
                 if not fixed:
                     continue
                 fixed.sort(key=lambda a: -(arms[a]["output_tok_s"] or 0))  # none: measured none
@@ -268,19 +275,12 @@ def same_text(results: Path) -> list[dict]:
         for auto, (_, is_auto, suffix) in sorted(parsed.items()):
             if not is_auto:
                 continue
-            beside = AUTO_ONLY.get(suffix, suffix)
-            for fixed in sorted(a for a, (n, _, s) in parsed.items() if n and s == beside):
+            for fixed in sorted(fixed_beside(parsed, suffix)):
                 a, f = by[auto], by[fixed]
                 common = sorted(a.keys() & f.keys())
                 same = [p for p in common
                         if len({tuple(r["output_ids"]) for r in a[p] + f[p]}) == 1]  # fmt: skip
-
-                def tok_s(arm, prompts):
-                    reqs = [r for p in prompts for r in arm[p]]
-                    ms = sum(r["e2e_ms"] for r in reqs)
-                    return sum(r["completion_tokens"] for r in reqs) / ms if ms else None
-
-                mine, theirs = tok_s(a, same), tok_s(f, same)
+                mine, theirs = _tok_s(a, same), _tok_s(f, same)
                 out.append({
                     "bench": bench, "auto": arm_budget(auto), "fixed": arm_budget(fixed),
                     "ratio": mine / theirs if mine and theirs else None,
@@ -291,6 +291,13 @@ def same_text(results: Path) -> list[dict]:
                                for p in common if p not in same],
                 })  # fmt: skip
     return out
+
+
+def _tok_s(arm: dict[str, list[dict]], prompts: list[str]) -> float | None:
+    """Tokens over end-to-end time, summed over an arm's requests of ``prompts``."""
+    reqs = [r for p in prompts for r in arm[p]]
+    ms = sum(r["e2e_ms"] for r in reqs)
+    return sum(r["completion_tokens"] for r in reqs) / ms if ms else None
 
 
 def same_text_table(rows: list[dict]) -> str:

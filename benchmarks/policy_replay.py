@@ -191,7 +191,8 @@ def replay_one(policy, rounds, costs, noise, probe_extra_ms, switch_ms):
 def replay(args) -> None:
     data = json.loads(Path(args.traces).read_text())
     budgets = tuple(data["candidates"])
-    assert budgets == candidate_budgets(BLOCK), budgets
+    if budgets != candidate_budgets(BLOCK):
+        sys.exit(f"{args.traces}: candidates {list(budgets)}, not the block-16 drafter's")
     rows = []
     for workload, prompts in data["workloads"].items():
         rounds = [r for _ in range(args.trials) for prompt in prompts for r in prompt]
@@ -293,7 +294,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     rep.add_argument("--json")
     args = ap.parse_args(argv)
-    record(args) if args.cmd == "record" else replay(args)
+    if args.cmd == "record":
+        record(args)
+    else:
+        replay(args)
 
 
 if __name__ == "__main__":
