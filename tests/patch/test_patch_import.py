@@ -396,9 +396,7 @@ def test_budget_auto_policy_settings_from_the_environment(probe):
     """``SGLANG_DDTREE_BUDGET_POLICY`` sets a budget-auto server's policy (for trying a
     setting beside the default); a bad setting, or the variable on a fixed-budget server,
     is refused in one line before any model loads (``check_ddtree_worker_args``)."""
-    version, facts = probe
-    if not is_v1(version):
-        pytest.skip("budget auto runs on 0.5.13 (v1) only")
+    _, facts = probe
     cases = facts["budget_policy_env"]
     assert cases["unset"] == {"changed": {}}
     assert cases["set"] == {"changed": {"hysteresis": 0.02, "min_dwell": 64}}
@@ -420,6 +418,7 @@ def test_budget_auto_policy_settings_from_the_environment(probe):
     assert cases["fixed_budget_unset"] == {"changed": None}
 
 
+@pytest.mark.parametrize("probe", [v for v in IMPORT_VERSIONS if is_v1(v)], indirect=True)
 def test_budget_auto_statistics_match_each_candidates_own_tree(probe):
     """One round's tree at the largest candidate (64) gives every candidate's value and
     what it would have accepted: each equals that candidate's own tree, built and walked
