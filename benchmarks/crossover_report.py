@@ -104,9 +104,6 @@ def cells(results: Path) -> list[dict]:
 
 
 WITHIN = 0.97  # the issue's goal: auto within 3 % of the best fixed budget beside it
-# The policy state crossover.py keeps after each bench, per auto arm's suffix.
-POLICY_FILES = {None: "auto-policy.json", "-graphs": "auto-graphs-policy.json",
-                "-graphs-h2": "auto-graphs-h2-policy.json"}  # fmt: skip
 
 
 def fixed_beside(parsed: dict, suffix: str | None) -> list[str]:
@@ -163,8 +160,8 @@ def policy_at(results: Path, bench: str, suffix: str | None, concurrency: int) -
     changes that bucket made after its first choice over the server's life so far (the state
     keeps the last 32 changes of all buckets: ``partial`` when it has dropped some). None
     without the file or the bucket."""
-    name = POLICY_FILES.get(suffix)
-    if name is None or not (path := results / f"{bench}.{name}").is_file():
+    # crossover.py names it by the arm: ``A-c1.auto-graphs-policy.json`` for auto-graphs.
+    if not (path := results / f"{bench}.auto{suffix or ''}-policy.json").is_file():
         return None
     state = json.loads(path.read_text())
     bucket = batch_bucket(concurrency)
@@ -224,14 +221,14 @@ def _requests(results: Path) -> dict[str, list[dict]]:
     return out
 
 
-def agreement(results: Path) -> list[dict]:
+def agreement(results: Path, requests: dict[str, list[dict]] | None = None) -> list[dict]:
     """Output agreement per bench folder, greedy outputs compared token
     for token: for every two arms, the requests of one prompt and trial whose outputs are
     equal; for every arm, the prompts whose output was the same in all its trials (two
     servers can differ where one server's own trials do: at high concurrency a batch's
     makeup follows timing, and a bf16 near-tie follows the batch)."""
     out = []
-    for bench, rows in _requests(results).items():
+    for bench, rows in (_requests(results) if requests is None else requests).items():
         outputs: dict[str, dict] = {}
         for r in rows:
             outputs.setdefault(r["arm"], {})[(r["prompt_id"], r["trial"])] = r["output_ids"]
@@ -257,7 +254,7 @@ def agreement(results: Path) -> list[dict]:
     return out
 
 
-def same_text(results: Path) -> list[dict]:
+def same_text(results: Path, requests: dict[str, list[dict]] | None = None) -> list[dict]:
     """At concurrency 1, where a request's time is its own: every ``auto`` arm against each
     fixed budget with its suffix, output tok/s (tokens over end-to-end time, summed) on the
     prompts for which both arms wrote one and the same text in every trial, and where they
@@ -266,12 +263,12 @@ def same_text(results: Path) -> list[dict]:
     plays no part; a degenerate text (a prompt that repeats itself) takes half the rounds of
     another, so one prompt can move a bench's ratio by several per cent."""
     out = []
-    for bench, rows in _requests(results).items():
+    for bench, rows in (_requests(results) if requests is None else requests).items():
         by: dict[str, dict[str, list[dict]]] = {}
         for r in rows:
-            if r.get("concurrency") == 1 and ARM.match(r["arm"]):
+            if r.get("concurrency") == 1:
                 by.setdefault(r["arm"], {}).setdefault(r["prompt_id"], []).append(r)
-        parsed = {a: ARM.match(a).groups() for a in by}
+        parsed = {a: match.groups() for a in by if (match := ARM.match(a))}
         for auto, (_, is_auto, suffix) in sorted(parsed.items()):
             if not is_auto:
                 continue
@@ -407,11 +404,12 @@ def main(argv: list[str] | None = None) -> int:
             "paired by trial; computed here from the trials' tok/s):\n"
         )
         print(against_fixed_table(auto))
-    same = agreement(args.results)
+    requests = _requests(args.results)
+    same = agreement(args.results, requests)
     if same:
         print("\nOutputs compared token for token (greedy):\n")
         print(agreement_table(same))
-    texts = same_text(args.results)
+    texts = same_text(args.results, requests)
     if texts:
         print(
             "\n`auto` against each fixed budget at concurrency 1 on the prompts both wrote "

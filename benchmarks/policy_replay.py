@@ -52,6 +52,7 @@ from ddtree_cli.budget_policy import (  # noqa: E402
     BudgetPolicy,
     Plan,
     PolicyConfig,
+    _Ratio,
     candidate_budgets,
 )
 
@@ -77,10 +78,19 @@ class PerBudgetRatios(BudgetPolicy):
     over the rounds at it or above, shrunk towards the next smaller budget's ratio with
     ``calibration_prior`` request-rounds of its mean value."""
 
+    def __init__(self, budgets, config=None):
+        super().__init__(budgets, config)
+        self._own = {b: _Ratio() for b in self.budgets}
+
+    def _record_stats(self, batch, values, accepted) -> None:
+        for b, count in accepted.items():  # before the choice the statistics end with
+            self._own[b].add(count, values[b], self.config.calibration_decay)
+        super()._record_stats(batch, values, accepted)
+
     def calibration(self, budget: int) -> float:
         ratio = 1.0
         for i, b in enumerate(self.budgets):
-            own, mean = self._ratios[b], self._values[b]
+            own, mean = self._own[b], self._values[b]
             scale = mean.value if mean.n and mean.value > 0 else 1.0
             prior = self.config.calibration_prior * scale if i else 0.0
             if own.predicted + prior > 0:
@@ -188,6 +198,15 @@ def replay_one(policy, rounds, costs, noise, probe_extra_ms, switch_ms):
     return tokens, seconds, used, switches
 
 
+def noise_draws(n: int, seed: int, sigma: float) -> list[float]:
+    """A round's time factor, per round: log-normal with ``sigma``, times 3 in 1 % of rounds
+    (an outlier: a graph's first replay, another process's burst)."""
+    rng = random.Random(seed)
+    return [
+        math.exp(rng.gauss(0.0, sigma)) * (3.0 if rng.random() < 0.01 else 1.0) for _ in range(n)
+    ]
+
+
 def replay(args) -> None:
     data = json.loads(Path(args.traces).read_text())
     budgets = tuple(data["candidates"])
@@ -198,11 +217,7 @@ def replay(args) -> None:
         rounds = [r for _ in range(args.trials) for prompt in prompts for r in prompt]
         for cost_name, costs in COSTS.items():
             for seed in range(args.seeds):
-                rng = random.Random(seed)
-                noise = [
-                    math.exp(rng.gauss(0.0, args.noise)) * (3.0 if rng.random() < 0.01 else 1.0)
-                    for _ in rounds
-                ]
+                noise = noise_draws(len(rounds), seed, args.noise)
                 fixed = {}
                 for b in budgets:
                     k = budgets.index(b) + 1

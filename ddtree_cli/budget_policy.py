@@ -416,13 +416,11 @@ class BudgetPolicy:
         self._lock = threading.Lock()
         self._buckets: dict[int, _Bucket] = {}
         self._values = {b: _Mean(self.config.value_weight) for b in self.budgets}
-        # Per candidate: accepted / value over the rounds at it or above (the smallest's is
-        # its calibration; the others' are reported as their rounds, and kept for comparison:
-        # benchmarks/policy_replay.py replays the policy that calibrated each by its own).
-        self._ratios = {b: _Ratio() for b in self.budgets}
-        # Per candidate above the smallest: its extra accepted tokens and extra value over
-        # the next smaller candidate's, on the rounds that verified it or a larger budget.
-        self._added = {b: _Ratio() for b in self.budgets[1:]}
+        # Per candidate, on the rounds that verified it or a larger budget: the accepted
+        # tokens and the value its tree adds to the next smaller candidate's (the smallest:
+        # its whole tree's).
+        self._added = {b: _Ratio() for b in self.budgets}
+        self._estimates: dict | None = None  # _acceptances(), until the next statistics
         self._rounds = 0
         self._probe_due = False  # a probe that a timed round put off
         self._changes: deque[dict] = deque(maxlen=self.config.history)
@@ -516,7 +514,7 @@ class BudgetPolicy:
         first round of a re-timing. A time that ends the bucket's exploration, or that
         re-times a width other than the one in use, makes a choice; the budget in use's
         rounds only move the level, and the next :meth:`observe_stats` chooses with it."""
-        if budget not in self._ratios:
+        if budget not in self._values:
             raise ValueError(f"budget {budget} is not a candidate ({self.budgets})")
         cfg = self.config
         with self._lock:
@@ -565,24 +563,24 @@ class BudgetPolicy:
             if all(b in values for b in self.budgets):
                 for b in self.budgets:
                     self._values[b].add(values[b] / batch)
-            for b, count in accepted.items():
-                self._ratios[b].add(count, values[b], cfg.calibration_decay)
-            for below, b in zip(self.budgets, self.budgets[1:], strict=False):
-                if b in accepted and below in accepted:
-                    self._added[b].add(
-                        accepted[b] - accepted[below],
-                        values[b] - values[below],
-                        cfg.calibration_decay,
-                    )
+            below_accepted = below_value = 0.0
+            for b in self.budgets:  # ``accepted``: the candidates up to the round's budget
+                if b not in accepted:
+                    break
+                self._added[b].add(
+                    accepted[b] - below_accepted, values[b] - below_value, cfg.calibration_decay
+                )
+                below_accepted, below_value = accepted[b], values[b]
+            self._estimates = None
             if state.level is not None:
                 self._choose(key, state)
 
     def _check_stats(self, budget, values, accepted) -> None:
-        if budget not in self._ratios:
+        if budget not in self._values:
             raise ValueError(f"budget {budget} is not a candidate ({self.budgets})")
         if budget not in values or budget not in accepted:
             raise ValueError(f"values and accepted must hold the verified budget {budget}")
-        if any(b not in values or b not in self._ratios for b in accepted):
+        if any(b not in values or b not in self._values for b in accepted):
             raise ValueError("every accepted count needs a candidate budget and its value")
 
     def observe_prefix(
@@ -633,20 +631,24 @@ class BudgetPolicy:
     def _acceptances(self) -> dict[int, tuple[float, float | None]]:
         """Per candidate: (its ratio: the smallest's accepted / value, a larger one's added
         accepted / added value, shrunk towards the ratio below it; its expected acceptance
-        per request, None before any value is known). See the module docstring."""
-        first = self._ratios[self.budgets[0]]
-        ratio = first.ratio if first.ratio is not None else 1.0
+        per request, None before any value is known). See the module docstring. Kept until
+        the next statistics change them (every candidate's rate reads them)."""
+        if self._estimates is not None:
+            return self._estimates
         known = self._values[self.budgets[0]].n > 0  # every candidate's mean, or none
-        acceptance = ratio * self._values[self.budgets[0]].value if known else None
-        out = {self.budgets[0]: (ratio, acceptance)}
-        for below, b in zip(self.budgets, self.budgets[1:], strict=False):
-            added, own = self._values[b].value - self._values[below].value, self._added[b]
-            prior = self.config.calibration_prior * (max(added, 0.0) if known else 1.0)
+        ratio, acceptance, below = 1.0, 0.0, 0.0
+        out = {}
+        for i, b in enumerate(self.budgets):
+            added, own = self._values[b].value - below, self._added[b]
+            prior = (
+                self.config.calibration_prior * (max(added, 0.0) if known else 1.0) if i else 0.0
+            )
             if own.predicted + prior > 0:
                 ratio = (own.accepted + prior * ratio) / (own.predicted + prior)
-            if acceptance is not None:
-                acceptance += ratio * max(added, 0.0)
-            out[b] = (ratio, acceptance)
+            acceptance += ratio * max(added, 0.0)
+            out[b] = (ratio, acceptance if known else None)
+            below = self._values[b].value
+        self._estimates = out
         return out
 
     def expected_rate(self, batch: int, budget: int) -> float | None:
@@ -786,13 +788,12 @@ class BudgetPolicy:
                     str(b): round(m.value, 4) if m.n else None for b, m in self._values.items()
                 },
                 "calibration": {str(b): round(self.calibration(b), 4) for b in self.budgets},
-                "calibration_rounds": {str(b): r.rounds for b, r in self._ratios.items()},
+                "calibration_rounds": {str(b): r.rounds for b, r in self._added.items()},
                 "added_calibration": {
                     str(b): round(ratio, 4)
                     for b, (ratio, _) in self._acceptances().items()
-                    if b in self._added
+                    if b != self.budgets[0]
                 },
-                "added_calibration_rounds": {str(b): r.rounds for b, r in self._added.items()},
                 "budget_changes": self._num_changes,
                 "recent_changes": list(self._changes),
                 "config": self.config.changed(),

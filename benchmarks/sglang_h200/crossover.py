@@ -169,9 +169,9 @@ def _graph_budgets(text: str) -> list:
     with a policy switch (``AUTO_SWITCHES``), e.g. ``15,15m,auto,autoh``."""
     out = []
     for x in (x.strip() for x in text.split(",") if x.strip()):
-        base, letter = _split_switch(x)[0], x[-1:]
-        policy = letter in AUTO_SWITCHES and x != base
-        if x != "auto" and not (base.isdigit() and not policy) and not (base == "auto" and policy):
+        base, switch = _split_switch(x)
+        policy = switch is not None and x[-1] in AUTO_SWITCHES  # autoh: auto only
+        if x != "auto" and not (base == "auto" if policy else base.isdigit()):
             letters = "/".join(f"N{k}" for k in SWITCHES if k not in AUTO_SWITCHES)
             autos = "/".join(f"auto{k}" for k in AUTO_SWITCHES)
             raise argparse.ArgumentTypeError(
@@ -290,9 +290,7 @@ def profile_step(v: run.Validation, name: str, port: int, concurrency: int) -> d
 
 def is_auto(server: str) -> bool:
     """A budget-auto server: ``ddtree-nauto``, ``ddtree-gauto``, ``ddtree-gautoh``."""
-    return server.startswith("ddtree-") and _split_switch(server[len("ddtree-") + 1 :])[0] == (
-        "auto"
-    )
+    return server.startswith("ddtree-") and _budget_of(server[len("ddtree-") + 1 :]) == "auto"
 
 
 def may_fail(server: str) -> bool:

@@ -395,7 +395,7 @@ def test_budget_auto_on_0_5_13_and_refused_on_v2(probe):
 def test_budget_auto_policy_settings_from_the_environment(probe):
     """``SGLANG_DDTREE_BUDGET_POLICY`` sets a budget-auto server's policy (for trying a
     setting beside the default); a bad setting, or the variable on a fixed-budget server,
-    is refused in one line before any model loads (``check_ddtree_worker_args``)."""
+    is refused in one line as the worker starts (``check_ddtree_worker_args``)."""
     _, facts = probe
     cases = facts["budget_policy_env"]
     assert cases["unset"] == {"changed": {}}

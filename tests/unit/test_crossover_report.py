@@ -171,6 +171,9 @@ def test_every_arm_crossover_can_start_is_one_the_report_names():
     # and the report names no suffix crossover cannot produce
     produced = {"-graphs"} | {"-graphs" + s[1] for s in crossover.SWITCHES.values()}
     assert set(report.SUFFIXES) - {None} == produced
+    # and the auto-only switches are the ones the report puts beside the plain graph arms
+    auto_only = {"-graphs" + crossover.SWITCHES[k][1] for k in crossover.AUTO_SWITCHES}
+    assert set(report.AUTO_ONLY) == auto_only and set(report.AUTO_ONLY.values()) == {"-graphs"}
 
 
 SPLIT = REPO / "benchmarks" / "results" / "sglang_h200_2026-12-04_map_split"

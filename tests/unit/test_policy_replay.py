@@ -54,12 +54,7 @@ def test_replay_accounts_for_every_round_and_computes_the_fixed_budgets_directly
         assert sum(row[name]["rounds_at"].values()) == len(rounds)
         assert 0.5 < row[name]["vs_best_fixed"] <= 1.05
     # A fixed budget's tok/s from the rounds themselves, with the replay's noise draws.
-    import math
-    import random
-
-    rng = random.Random(0)
-    noise = [math.exp(rng.gauss(0.0, 0.03)) * (3.0 if rng.random() < 0.01 else 1.0)
-             for _ in rounds]  # fmt: skip
+    noise = replay.noise_draws(len(rounds), 0, 0.03)
     costs = replay.COSTS[row["costs"]]
     tokens = sum(1 + accepted[1] for _, accepted in rounds)
     assert row["fixed_tok_s"]["32"] == pytest.approx(
